@@ -1,0 +1,84 @@
+"""Device-resident data: uint8 images on the run's device, batches gathered by index.
+
+Every batch is gathered, augmented (CIFAR-style random crop with padding 4 and a
+horizontal flip), normalised and adapted to the backbone's input shape (resize, grey to
+RGB) on the device, so no DataLoader workers or per-sample host work sit in the training
+path (DESIGN principle 6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CROP_PADDING = 4
+
+
+class DeviceData:
+    def __init__(self, bundle, device: torch.device, input_shape: tuple[int, int, int]) -> None:
+        self.name = bundle.name
+        self.num_classes = bundle.num_classes
+        self.augment = bool(bundle.augment)
+        self.device = device
+        self.train_x = bundle.train_x.to(device)
+        self.train_y = bundle.train_y.to(device)
+        self.test_x = bundle.test_x.to(device)
+        self.test_y = bundle.test_y.to(device)
+        channels = self.train_x.shape[1]
+        self.mean = torch.tensor(bundle.mean, dtype=torch.float32, device=device).view(1, channels, 1, 1)
+        self.std = torch.tensor(bundle.std, dtype=torch.float32, device=device).view(1, channels, 1, 1)
+        want_c, want_h, want_w = input_shape
+        if want_c != channels and channels != 1:
+            raise ValueError(
+                f"the model expects {want_c}-channel input but dataset {self.name!r} has {channels} channels; "
+                "only 1-channel images can be repeated to fit"
+            )
+        self.input_shape = tuple(input_shape)
+
+    def prepare(self, x: Tensor, *, augment: bool = False, generator: torch.Generator | None = None) -> Tensor:
+        """uint8 [B, C, H, W] -> float input of the model's shape."""
+        x = x.float().div_(255.0)
+        if augment:
+            x = random_crop_flip(x, generator)
+        x = (x - self.mean) / self.std
+        c, h, w = self.input_shape
+        if x.shape[-2:] != (h, w):
+            x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
+        if x.shape[1] != c:
+            x = x.expand(-1, c, -1, -1)
+        return x
+
+    def train_batch(self, idx: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        x = self.prepare(self.train_x[idx], augment=self.augment, generator=generator)
+        return x, self.train_y[idx]
+
+    def eval_batches(self, idx: Tensor | None, batch_size: int, split: str = "test") -> Iterator[tuple[Tensor, Tensor]]:
+        """Batches of the test set (idx None) or of training-pool indices (validation)."""
+        xs, ys = (self.test_x, self.test_y) if split == "test" else (self.train_x, self.train_y)
+        total = ys.numel() if idx is None else idx.numel()
+        for start in range(0, total, batch_size):
+            sel = slice(start, start + batch_size)
+            if idx is None:
+                yield self.prepare(xs[sel]), ys[sel]
+            else:
+                part = idx[sel]
+                yield self.prepare(xs[part]), ys[part]
+
+
+def random_crop_flip(x: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Per-sample random crop after zero padding, then a random horizontal flip."""
+    b, _, h, w = x.shape
+    dev = x.device
+    padded = F.pad(x, (CROP_PADDING,) * 4)
+    oy = torch.randint(0, 2 * CROP_PADDING + 1, (b, 1), device=dev, generator=generator)
+    ox = torch.randint(0, 2 * CROP_PADDING + 1, (b, 1), device=dev, generator=generator)
+    rows = (oy + torch.arange(h, device=dev)).view(b, 1, h, 1)
+    cols = (ox + torch.arange(w, device=dev)).view(b, 1, 1, w)
+    batch = torch.arange(b, device=dev).view(b, 1, 1, 1)
+    chan = torch.arange(x.shape[1], device=dev).view(1, -1, 1, 1)
+    cropped = padded[batch, chan, rows, cols]
+    flip = torch.rand(b, device=dev, generator=generator) < 0.5
+    return torch.where(flip.view(b, 1, 1, 1), cropped.flip(-1), cropped)
