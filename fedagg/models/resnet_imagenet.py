@@ -1,0 +1,44 @@
+"""torchvision's ResNet18/34 with a fresh classifier (ewwa-fl.txt Sec. IV: "derivatives
+from PyTorch's official offerings", 224x224x3 input; fedawa.txt Sec. 5.1: ResNet18 on
+Tiny-ImageNet). Never loads pretrained weights.
+
+stem="imagenet": the stock 7x7/2 conv + max-pool on 3 x input_size x input_size (224 by
+default); the data pipeline upsamples and repeats grey channels to reach that shape.
+stem="cifar": a 3x3/1 conv and no max-pool at the dataset's own size and channels, the usual
+adaptation that keeps 32x32 images from shrinking to 1x1 before the last stage; input_size is
+then ignored, so `model.stem=cifar` alone is enough on the command line."""
+import torchvision
+from torch import nn
+
+
+class _TorchvisionResNet(nn.Module):
+    builder = None  # torchvision constructor, set by subclasses
+
+    def __init__(self, *, num_classes: int, in_channels: int, image_size: int,
+                 input_size: int | None = 224, stem: str = "imagenet"):
+        super().__init__()
+        net = type(self).builder(weights=None, num_classes=num_classes)
+        if stem == "imagenet":
+            # None means "no upsampling": the stock stem at the dataset's own size.
+            size = image_size if input_size is None else int(input_size)
+            self.input_shape = (3, size, size)
+        elif stem == "cifar":
+            self.input_shape = (in_channels, image_size, image_size)
+            net.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+            # Same init torchvision gives its own conv1.
+            nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+            net.maxpool = nn.Identity()
+        else:
+            raise ValueError(f"stem must be 'imagenet' or 'cifar', got {stem!r}")
+        self.net = net
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class ResNet18(_TorchvisionResNet):
+    builder = staticmethod(torchvision.models.resnet18)
+
+
+class ResNet34(_TorchvisionResNet):
+    builder = staticmethod(torchvision.models.resnet34)
