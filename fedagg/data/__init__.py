@@ -1,0 +1,1 @@
+"""Training data: dataset loaders, client partitions and their reports, device-resident batches."""
