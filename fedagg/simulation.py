@@ -82,10 +82,13 @@ def run_federation(fed: Federation, settings: Settings, run_dir: Path, summary_b
         weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights
         row = {
             "round": r,
-            "lr": lr,
+            "test_acc": None,
+            "test_loss": None,
             "train_loss": float(data_weights @ result.train_loss),
             "update_norm": float(torch.linalg.vector_norm(new_params - params)),
             "client_update_norm": float(weights @ torch.linalg.vector_norm(result.params - params, dim=1)),
+            "lr": lr,
+            "clients": len(chosen),
         }
         params, buffers = new_params, combine_buffers(result.buffers, weights)
         summary["rounds_completed"] = r
