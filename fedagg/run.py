@@ -7,6 +7,7 @@ module imports Hydra; `train(cfg, run_dir)` is callable from tests with a compos
 from __future__ import annotations
 
 import logging
+import sys
 import traceback
 from pathlib import Path
 
@@ -24,6 +25,10 @@ from fedagg.tracking.files import write_json
 
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine")
 log = logging.getLogger("fedagg")
+
+
+class SetupError(ValueError):
+    """The configuration or the data cannot make a run; the message says which key and why."""
 
 
 def settings_from(cfg: DictConfig) -> Settings:
@@ -45,6 +50,7 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
     summary_base = {"seed": cfg.seed, "choices": choices or {}, "config": config}
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     tracker = None
+    stage = "setup"
     try:
         # everything that can reject the configuration is built before any data is loaded
         settings = settings_from(cfg)
@@ -71,6 +77,7 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
         tracker.start(run_dir, config, name=run_dir.name)
         tracker.log_image("partition", run_dir / "partition.png")
         fed = Federation(data, model, clients, aggregator, trainer, engine, tracker)
+        stage = "training"
         summary = run_federation(fed, settings, run_dir, summary_base)
     except Exception as err:
         # the metrics already written stay; the summary says what went wrong
@@ -78,6 +85,8 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
                                                   traceback=traceback.format_exc()))
         if tracker is not None:
             tracker.finish({"status": "failed"})
+        if stage == "setup" and isinstance(err, (ValueError, FileNotFoundError)):
+            raise SetupError(str(err)) from err
         raise
     tracker.finish(summary)
     log.info("%s: final test accuracy %.4f after %d rounds (%s)", summary["status"],
@@ -89,7 +98,12 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in GROUPS or k == "experiment"}
-    train(cfg, hydra_cfg.runtime.output_dir, choices)
+    try:
+        train(cfg, hydra_cfg.runtime.output_dir, choices)
+    except SetupError as err:
+        # a user error, not a bug: the message alone, without a traceback
+        log.error("%s", err)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
