@@ -80,6 +80,7 @@ def run_federation(fed: Federation, settings: Settings, run_dir: Path, summary_b
         )
         data_weights = sample_weights(num_samples)
         weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights
+        buffer_weights = fed.aggregator.buffer_weights(num_samples)
         row = {
             "round": r,
             "test_acc": None,
@@ -90,7 +91,7 @@ def run_federation(fed: Federation, settings: Settings, run_dir: Path, summary_b
             "lr": lr,
             "clients": len(chosen),
         }
-        params, buffers = new_params, combine_buffers(result.buffers, weights)
+        params, buffers = new_params, combine_buffers(result.buffers, buffer_weights)
         summary["rounds_completed"] = r
         if not (math.isfinite(row["train_loss"]) and bool(torch.isfinite(params).all())):
             summary.update(status="diverged", diverged_round=r)

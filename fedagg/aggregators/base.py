@@ -3,7 +3,12 @@
 A method overrides one step: `client_weights` (how clients are weighted) or
 `server_update` (how the weighted mean update is applied). `aggregate` ties them
 together and records the weights it used in `last_weights`, which the round loop uses
-for BatchNorm buffers and the `client_update_norm` diagnostic.
+for BatchNorm buffers, the `client_update_norm` diagnostic and `weights.csv`. A method
+whose rule is not "weights, then one update" overrides `aggregate` itself and still sets
+`last_weights` ([K], summing to 1; element-wise rules report each client's mean weight).
+
+State that must survive a resume goes in `state_dict()`; per-client state is keyed by
+the client's global id (`client_ids`), never by its position in this round's sample.
 """
 
 from __future__ import annotations
@@ -71,6 +76,10 @@ class Aggregator:
         self.last_weights = weights
         update = weights @ (client_params - global_params)
         return self.server_update(global_params, update, round=round)
+
+    def buffer_weights(self, num_samples: Tensor) -> Tensor:
+        """[K] weights for averaging buffers (BatchNorm statistics): the client weights just used."""
+        return self.last_weights if self.last_weights is not None else sample_weights(num_samples)
 
     def state_dict(self) -> dict:
         return {}
