@@ -49,7 +49,7 @@ class LocalSGD:
         milestones: tuple[float, ...] = (0.5, 0.75),
         gamma: float = 0.1,
         keep_optimizer_state: bool = False,
-        val_frac: float = 0.0,
+        val_frac: float | None = None,
     ) -> None:
         _check(lr > 0, "lr", lr, "it must be > 0")
         _check(0 <= momentum < 1, "momentum", momentum, "it must be in [0, 1)")
@@ -61,7 +61,7 @@ class LocalSGD:
         _check(0 < decay <= 1, "decay", decay, "it must be in (0, 1], the per-round factor such as 0.99")
         _check(all(0 < m < 1 for m in milestones), "milestones", list(milestones), "each must be a fraction of the rounds in (0, 1)")
         _check(0 < gamma <= 1, "gamma", gamma, "it must be in (0, 1]")
-        _check(0 <= val_frac < 1, "val_frac", val_frac, "it must be in [0, 1)")
+        _check(val_frac is None or 0 <= val_frac < 1, "val_frac", val_frac, "it must be in [0, 1), or null")
         self.lr, self.momentum, self.nesterov, self.weight_decay = lr, momentum, nesterov, weight_decay
         self.local_epochs, self.batch_size = int(local_epochs), int(batch_size)
         self.schedule, self.decay, self.milestones, self.gamma = schedule, decay, tuple(sorted(milestones)), gamma

@@ -22,7 +22,7 @@ class RoundResult:
     params: Tensor  # [K, P] trainable parameters after local training
     buffers: Tensor  # [K, B] buffers (BatchNorm statistics) after local training
     train_loss: Tensor  # [K] mean local training loss
-    val_acc: Tensor | None  # [K] accuracy on each client's held-out split, when asked
+    val_acc: Tensor | None  # [K] accuracy of each trained client model on its validation indices, when asked
 
 
 class SequentialEngine:
@@ -43,22 +43,23 @@ class SequentialEngine:
         lr: float,
         seed: int,
         round: int,
-        with_val_acc: bool = False,
+        val_indices: list[Tensor] | None = None,
     ) -> RoundResult:
+        """Train `clients` from the global weights; score each on `val_indices[k]` when given."""
         params, buffers, losses, accs = [], [], [], []
-        for client in clients:
+        for k, client in enumerate(clients):
             set_params(model, global_params)
             set_buffers(model, global_buffers)
             g = generator(seed, "batches", client.id, round, device=data.device)
             losses.append(trainer.train(model, client, data, lr=lr, generator=g))
             params.append(get_params(model))
             buffers.append(get_buffers(model))
-            if with_val_acc:
-                accs.append(evaluate(model, data.eval_batches(client.val_idx, self.eval_batch_size, split="train"))[0])
+            if val_indices is not None:
+                accs.append(evaluate(model, data.eval_batches(val_indices[k], self.eval_batch_size, split="train"))[0])
         device = global_params.device
         return RoundResult(
             params=torch.stack(params),
             buffers=torch.stack(buffers),
             train_loss=torch.tensor(losses, device=device),
-            val_acc=torch.tensor(accs, device=device) if with_val_acc else None,
+            val_acc=torch.tensor(accs, device=device) if val_indices is not None else None,
         )

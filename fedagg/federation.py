@@ -15,6 +15,7 @@ from fedagg.client import ClientData
 from fedagg.seeding import generator, stream_seed
 
 DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_VAL_FRAC = 0.1
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,24 @@ def build_model(factory: Callable[..., nn.Module], bundle, seed: int, device: to
         torch.manual_seed(stream_seed(seed, "init"))
         model = factory(num_classes=bundle.num_classes, in_channels=bundle.in_channels, image_size=bundle.image_size)
     return model.to(device)
+
+
+def effective_val_frac(val_frac: float | None, aggregator) -> float:
+    """`client.val_frac: null` holds out 10% only when the aggregator scores clients on their own data."""
+    if val_frac is not None:
+        return val_frac
+    scores_locally = "val_acc" in aggregator.requires and getattr(aggregator, "val_source", "local") == "local"
+    return DEFAULT_VAL_FRAC if scores_locally else 0.0
+
+
+def hold_out_server_split(num_train: int, server_samples: int, seed: int) -> tuple[Tensor, Tensor]:
+    """(server indices, the pool the clients share); the server's samples are removed from every client."""
+    if not 0 <= server_samples < num_train:
+        raise ValueError(
+            f"the aggregator holds out {server_samples} training samples for the server, but the training set "
+            f"has {num_train}; use a smaller aggregator.server_val_size"
+        )
+    if server_samples == 0:
+        return torch.arange(0), torch.arange(num_train)
+    order = torch.randperm(num_train, generator=generator(seed, "server_split"))
+    return order[:server_samples].sort().values, order[server_samples:].sort().values

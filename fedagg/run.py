@@ -18,7 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedagg.data.device import DeviceData
 from fedagg.data.partition_report import partition_stats, save_partition_report
-from fedagg.federation import Settings, build_model, make_clients, resolve_device
+from fedagg.federation import (
+    Settings,
+    build_model,
+    effective_val_frac,
+    hold_out_server_split,
+    make_clients,
+    resolve_device,
+)
 from fedagg.seeding import generator
 from fedagg.simulation import Federation, run_federation
 from fedagg.tracking.files import write_json
@@ -63,12 +70,16 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
         tracker = instantiate(cfg.logger)
 
         bundle = instantiate(cfg.dataset)(root=str(Path(cfg.data.root).expanduser()))
-        parts = partition(bundle.train_y, settings.num_clients, generator=generator(settings.seed, "partition"))
-        stats = partition_stats(bundle.train_y, parts, bundle.num_classes)
-        save_partition_report(stats, run_dir)
+        server_idx, pool = hold_out_server_split(
+            bundle.train_y.numel(), int(getattr(aggregator, "server_samples", 0)), settings.seed
+        )
+        pool_labels = bundle.train_y[pool]
+        parts = partition(pool_labels, settings.num_clients, generator=generator(settings.seed, "partition"))
+        save_partition_report(partition_stats(pool_labels, parts, bundle.num_classes), run_dir)
         model = build_model(model_factory, bundle, settings.seed, device)
         data = DeviceData(bundle, device, model.input_shape)
-        clients = make_clients(parts, trainer.val_frac, settings.seed, device)
+        val_frac = effective_val_frac(trainer.val_frac, aggregator)
+        clients = make_clients([pool[p] for p in parts], val_frac, settings.seed, device)
         log.info(
             "%s: %d train / %d test samples, %d clients, %s with %d parameters on %s",
             bundle.name, bundle.train_y.numel(), bundle.test_y.numel(), len(clients),
@@ -76,7 +87,7 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
         )
         tracker.start(run_dir, config, name=run_dir.name)
         tracker.log_image("partition", run_dir / "partition.png")
-        fed = Federation(data, model, clients, aggregator, trainer, engine, tracker)
+        fed = Federation(data, model, clients, aggregator, trainer, engine, tracker, server_idx.to(device))
         stage = "training"
         summary = run_federation(fed, settings, run_dir, summary_base)
     except Exception as err:

@@ -37,22 +37,28 @@ def clean_number(value):
     return value
 
 
-class MetricsCSV:
+class CSVLog:
+    """A CSV file that grows by rows (metrics.csv, weights.csv)."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self.rows: list[dict] = []
         self.columns: list[str] = []
 
     def append(self, row: dict) -> None:
-        self.rows.append(row)
-        new = [k for k in row if k not in self.columns]
+        self.extend([row])
+
+    def extend(self, rows) -> None:
+        rows = list(rows)
+        self.rows += rows
+        new = [k for row in rows for k in row if k not in self.columns]
         if new or not self.path.exists():
-            # a column appeared (or first row): rewrite the file with the wider header
-            self.columns += new
+            # a column appeared (or first rows): rewrite the file with the wider header
+            self.columns += list(dict.fromkeys(new))
             with open(self.path, "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=self.columns)
                 writer.writeheader()
                 writer.writerows(self.rows)
             return
         with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.columns).writerow(row)
+            csv.DictWriter(f, fieldnames=self.columns).writerows(rows)

@@ -1,0 +1,94 @@
+"""What the loop supplies to aggregators (val_acc, server split) and the weights it records."""
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import compose_config
+from fedagg.aggregators.base import Aggregator
+from fedagg.diagnostics import round_diagnostics, weight_spread
+from fedagg.run import train
+
+
+class RecordingByAccuracy(Aggregator):
+    """Weights clients by the validation accuracy the loop hands it, and remembers what it saw."""
+
+    requires = frozenset({"val_acc"})
+    seen: list = []
+
+    def __init__(self, val_source="local", server_val_size=0, weighting="samples"):
+        super().__init__(weighting)
+        self.val_source = val_source
+        self.server_samples = server_val_size if val_source == "server" else 0
+
+    def client_weights(self, num_samples, *, val_acc, all_num_samples, **context):
+        RecordingByAccuracy.seen.append((val_acc.clone(), num_samples.clone(), all_num_samples.clone()))
+        return val_acc / val_acc.sum()
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _run(tmp_path, *overrides):
+    RecordingByAccuracy.seen = []
+    cfg = compose_config("rounds=2", "device=cpu", f"aggregator._target_={__name__}.RecordingByAccuracy", *overrides)
+    return train(cfg, tmp_path)
+
+
+def test_local_validation_split_is_held_out_by_default_and_scored(tmp_path):
+    assert _run(tmp_path)["status"] == "completed"
+    part = json.loads((tmp_path / "partition.json").read_text())
+    sizes = torch.tensor([c["size"] for c in part["clients"]])
+    val_acc, num_samples, all_num_samples = RecordingByAccuracy.seen[0]
+    assert val_acc.shape == (10,) and bool(((val_acc >= 0) & (val_acc <= 1)).all()) and float(val_acc.min()) > 0.1
+    # client.val_frac: null gives 10% of each client's data to validation, never to training
+    assert torch.equal(num_samples, sizes - torch.round(sizes * 0.1).long())
+    assert torch.equal(all_num_samples, num_samples)
+    weights = [float(r["weight"]) for r in _rows(tmp_path / "weights.csv") if r["round"] == "2"]
+    last_acc = RecordingByAccuracy.seen[1][0]
+    assert weights == pytest.approx((last_acc / last_acc.sum()).tolist())
+
+
+def test_server_split_is_removed_from_every_client(tmp_path):
+    _run(tmp_path, "+aggregator.val_source=server", "+aggregator.server_val_size=100")
+    part = json.loads((tmp_path / "partition.json").read_text())
+    assert part["total"] == 1437 - 100
+    val_acc = RecordingByAccuracy.seen[0][0]
+    # every client is scored on the same 100 server samples: accuracies are multiples of 1/100
+    assert torch.allclose(val_acc * 100, torch.round(val_acc * 100), atol=1e-4)
+
+
+def test_explicit_zero_val_frac_with_local_scoring_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match=r"client.val_frac=0.0; set client.val_frac"):
+        _run(tmp_path, "client.val_frac=0.0")
+
+
+def test_weights_csv_and_spread_columns_for_fedavg(tmp_path):
+    train(compose_config("rounds=2", "device=cpu", "clients_per_round=4"), tmp_path)
+    rows = _rows(tmp_path / "weights.csv")
+    sizes = {c["id"]: c["size"] for c in json.loads((tmp_path / "partition.json").read_text())["clients"]}
+    metrics = _rows(tmp_path / "metrics.csv")
+    for r in (1, 2):
+        mine = [x for x in rows if int(x["round"]) == r]
+        assert len(mine) == 4
+        total = sum(sizes[int(x["client"])] for x in mine)
+        for x in mine:  # FedAvg weights are the data shares of this round's participants
+            assert float(x["weight"]) == pytest.approx(sizes[int(x["client"])] / total)
+        w = [float(x["weight"]) for x in mine]
+        m = metrics[r - 1]
+        assert float(m["weight_min"]) == pytest.approx(min(w)) and float(m["weight_max"]) == pytest.approx(max(w))
+        assert float(m["weight_entropy"]) == pytest.approx(-sum(p * math.log(p) for p in w))
+
+
+def test_diagnostics_on_hand_made_updates():
+    old = torch.zeros(2)
+    clients = torch.tensor([[3.0, 4.0], [0.0, 0.0]])  # ||d_1|| = 5, ||d_2|| = 0
+    d = round_diagnostics(old, torch.tensor([1.5, 2.0]), clients, torch.tensor([0.5, 0.5]))
+    assert d["update_norm"] == pytest.approx(2.5) and d["client_update_norm"] == pytest.approx(2.5)
+    assert weight_spread(torch.tensor([1.0, 0.0]))["weight_entropy"] == 0.0  # 0 log 0 = 0, not NaN
+    assert weight_spread(torch.full((4,), 0.25))["weight_entropy"] == pytest.approx(math.log(4))
