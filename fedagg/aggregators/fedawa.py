@@ -1,0 +1,142 @@
+"""FedAWA and FedAWA-L (Shi et al., fedawa.txt; SPEC "FedAWA"): aggregation weights learned on the server.
+
+Every client id owns logits T that persist across rounds (one for FedAWA, one per parameter
+tensor for FedAWA-L). Each round, over the participants S: λ = softmax(T_S); the loss of
+Eq. (3)/(4) rewards clients whose client vector τ_k = Δ_k lies near the merged vector
+τ_g = Σ λ_k τ_k and whose model stays near the global one; a fresh Adam takes
+`server_steps` steps on T_S; the new global is Σ λ_k W_k / Σ λ_k with the λ from before
+the step. FedAWA is FedAWA-L with the whole vector as its one layer, so both share one path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.params import ParamLayout
+
+REGS = ("cos", "euclid", "none")
+COS_EPS = 1e-8  # guards cos(w, W_k) of an all-zero layer (e.g. a BatchNorm bias at init) -> cos = 0
+
+
+def _bad(key: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"aggregator.{key}={value!r} is not allowed; {allowed}")
+
+
+class FedAWA(Aggregator):
+    """`conf/aggregator/fedawa.yaml`: one learned logit per client id."""
+
+    def __init__(
+        self,
+        server_lr: float = 1e-3,
+        betas: tuple[float, float] = (0.5, 0.999),
+        server_steps: int = 1,
+        reg: str = "cos",
+        use_updated: bool = False,
+    ) -> None:
+        super().__init__()
+        if isinstance(server_lr, bool) or not (isinstance(server_lr, (int, float)) and 0 < server_lr < float("inf")):
+            raise _bad("server_lr", server_lr, "use a finite number > 0, e.g. 1e-3")
+        pair = tuple(betas) if hasattr(betas, "__iter__") and not isinstance(betas, str) else ()  # YAML gives a ListConfig
+        if len(pair) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in pair):
+            raise _bad("betas", betas, "use two numbers in [0, 1), e.g. [0.5, 0.999]")
+        if isinstance(server_steps, bool) or not isinstance(server_steps, int) or server_steps < 1:
+            raise _bad("server_steps", server_steps, "use an integer >= 1")
+        if reg not in REGS:
+            raise _bad("reg", reg, f"choose one of {', '.join(REGS)}")
+        if not isinstance(use_updated, bool):
+            raise _bad("use_updated", use_updated, "use true or false")
+        self.server_lr, self.betas, self.server_steps = float(server_lr), tuple(float(b) for b in pair), server_steps
+        self.reg, self.use_updated = reg, use_updated
+        self.logits: dict[int, Tensor] = {}  # client id -> [L] logits, L = number of layers
+        self.last_loss: float | None = None  # Eq. (3)/(4) at the pre-step logits, for diagnostics
+
+    def layers(self, layout: ParamLayout | None, num_params: int) -> list[slice]:
+        return [slice(0, num_params)]
+
+    def participant_logits(self, ids: list[int], num_samples: Tensor, all_num_samples: Tensor | None, num_layers: int, device) -> Tensor:
+        """[K, L] logits of this round's participants; a client seen for the first time starts at n_k / Σ n."""
+        if all_num_samples is not None:  # the loop's sizes of ALL clients, by global id: SPEC's "over all clients"
+            n = all_num_samples.to(device=device, dtype=torch.float32)
+            frac = n[torch.tensor(ids, device=device)] / n.sum()
+        else:  # fallback without the loop's sizes: the fraction within this round's participants
+            frac = sample_weights(num_samples).to(device)
+        for k, cid in enumerate(ids):
+            if cid not in self.logits:
+                self.logits[cid] = frac[k].expand(num_layers).clone()
+        return torch.stack([self.logits[cid].to(device) for cid in ids])
+
+    def drift(self, w: Tensor, W: Tensor, layers: list[slice]) -> Tensor:
+        """[K, L] second term of Eq. (3)/(4), d(w, W_k) per layer; it does not depend on λ."""
+        if self.reg == "none":
+            return W.new_zeros(W.shape[0], len(layers))
+        if self.reg == "euclid":
+            return torch.stack([(W[:, s] - w[s]).pow(2).mean(dim=1) for s in layers], dim=1)
+        cos = [W[:, s] @ w[s] / (torch.linalg.vector_norm(W[:, s], dim=1) * torch.linalg.vector_norm(w[s])).clamp_min(COS_EPS) for s in layers]
+        return 1 - torch.stack(cos, dim=1)
+
+    @staticmethod
+    def loss(T: Tensor, tau: Tensor, drift: Tensor, layers: list[slice]) -> Tensor:
+        lam = torch.softmax(T, dim=0)  # softmax over clients, per layer
+        # ‖τ_k − τ_g‖₂ per layer, τ_g = Σ λ_k τ_k (Eq. 1); vector_norm's gradient at 0 is 0, so identical clients stay finite
+        spread = torch.stack([torch.linalg.vector_norm(tau[:, s] - lam[:, l] @ tau[:, s], dim=1) for l, s in enumerate(layers)], dim=1)
+        return (lam * (spread + drift)).sum()  # Eq. (3); Eq. (4) sums the same terms over layers
+
+    def aggregate(
+        self,
+        global_params: Tensor,
+        client_params: Tensor,
+        num_samples: Tensor,
+        *,
+        client_ids: Tensor,
+        round: int,
+        layout: ParamLayout | None = None,
+        val_acc: Tensor | None = None,
+        **extra: Any,
+    ) -> Tensor:
+        layers = self.layers(layout, global_params.numel())
+        ids = [int(i) for i in client_ids.tolist()]
+        T0 = self.participant_logits(ids, num_samples, extra.get("all_num_samples"), len(layers), client_params.device)
+        lam = torch.softmax(T0, dim=0)  # [K, L] weights used for this round's aggregate
+        tau = client_params - global_params  # client vectors τ_k = Δ_k (Eq. 1)
+        drift = self.drift(global_params, client_params, layers)
+        T = T0.clone().requires_grad_(True)
+        opt = torch.optim.Adam([T], lr=self.server_lr, betas=self.betas)  # fresh each round (Algorithm 1)
+        with torch.enable_grad():
+            for step in range(self.server_steps):
+                opt.zero_grad()
+                loss = self.loss(T, tau, drift, layers)
+                loss.backward()
+                opt.step()
+                if step == 0:
+                    self.last_loss = float(loss.detach())
+        T = T.detach()
+        for k, cid in enumerate(ids):
+            self.logits[cid] = T[k].clone()
+        if self.use_updated:
+            lam = torch.softmax(T, dim=0)
+        self.last_weights = lam.mean(dim=1)  # FedAWA-L reports each client's mean weight over layers
+        new = torch.empty_like(global_params)
+        for l, s in enumerate(layers):
+            new[s] = lam[:, l] @ client_params[:, s] / lam[:, l].sum()  # Σ λ_k W_k / Σ λ_k, per layer
+        return new
+
+    def state_dict(self) -> dict:
+        return {"logits": {cid: t.clone() for cid, t in self.logits.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.logits = {int(cid): t.clone() for cid, t in state["logits"].items()}
+
+
+class FedAWAL(FedAWA):
+    """`conf/aggregator/fedawa_l.yaml`: one learned logit per (client id, parameter tensor), Eq. (4)."""
+
+    def layers(self, layout: ParamLayout | None, num_params: int) -> list[slice]:
+        if layout is None:
+            raise ValueError("fedawa_l needs the parameter layout: call aggregate(..., layout=ParamLayout.of(model))")
+        if layout.num_params != num_params:
+            raise ValueError(f"fedawa_l: the layout covers {layout.num_params} parameters but the vectors have {num_params}")
+        return layout.slices
