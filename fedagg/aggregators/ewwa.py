@@ -1,0 +1,134 @@
+"""EWWA-FL (ewwa-fl.txt, Algorithm 2): element-wise aggregation weights from Adam-like moments.
+
+Every client gets its own weight for every parameter. Each client's pseudo-gradient
+g_k = w - W_k passes through an Adam/Adagrad/Yogi moment update on the server; the
+resulting step b_k (how far the optimizer would move that element) is turned into
+per-element weights over clients, and the new global is the weighted mix of clients.
+Two readings of the moments (SPEC "EWWA-FL"): the authors' code (`shared_sequential`,
+default) runs the clients one after another through one shared m, v; the paper's
+Algorithm 2 (`per_client`) starts every client from last round's m, v and averages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.params import ParamLayout
+
+OPTIMIZERS = ("adam", "adagrad", "yogi")
+MOMENTS = ("shared_sequential", "per_client")
+WEIGHTINGS = ("log_shift", "softmax")
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"aggregator.{key}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+    return value
+
+
+class EWWA(Aggregator):
+    """`conf/aggregator/ewwa.yaml`: new global w - sum_k p_k * g_k with element-wise p_k."""
+
+    def __init__(
+        self,
+        optimizer: str = "adam",
+        moments: str = "shared_sequential",
+        weighting: str = "log_shift",
+        lr: float = 1.0,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+    ) -> None:
+        self.optimizer = _choice("optimizer", optimizer, OPTIMIZERS)
+        self.moments = _choice("moments", moments, MOMENTS)
+        self.weighting = _choice("weighting", weighting, WEIGHTINGS)
+        if not lr > 0:
+            raise ValueError(f"aggregator.lr={lr!r} is not allowed; it must be > 0")
+        # beta = 1 would make s_r = lr * sqrt(1 - beta2^r) / (1 - beta1^r) zero or a division by zero
+        for key, beta in (("beta1", beta1), ("beta2", beta2)):
+            if not 0 <= beta < 1:
+                raise ValueError(f"aggregator.{key}={beta!r} is not allowed; it must be in [0, 1)")
+        # eps > 0 keeps b = m / (sqrt(v) + eps) finite when a client's update is all zeros (m = v = 0)
+        if not eps > 0:
+            raise ValueError(f"aggregator.eps={eps!r} is not allowed; it must be > 0")
+        self.lr, self.beta1, self.beta2, self.eps = float(lr), float(beta1), float(beta2), float(eps)
+        self.last_weights: Tensor | None = None
+        self.m: Tensor | None = None  # [P] first moment; zeros before the first round (Alg. 2 line 2)
+        self.v: Tensor | None = None  # [P] second moment; zeros before the first round (Alg. 2 line 3)
+        self.step = 0  # rounds this aggregator has aggregated: r of s_r
+
+    def _second_moment(self, v: Tensor, g: Tensor) -> Tensor:
+        """v after one gradient g (eqs. 2-4; Yogi in the additive form of SPEC and the authors' code)."""
+        if self.optimizer == "adam":
+            return self.beta2 * v + (1 - self.beta2) * g * g  # eq. (2)
+        if self.optimizer == "adagrad":
+            return v + g * g  # eq. (3)
+        return v - (1 - self.beta2) * g * g * torch.sign(v - g * g)  # eq. (4), Yogi
+
+    def _client_weights(self, b: Tensor) -> Tensor:
+        """[K, P] per-element weights over clients (dim 0 sums to 1)."""
+        if self.weighting == "softmax":
+            return torch.softmax(b, dim=0)  # Alg. 2 line 13
+        shift = b.min()  # the authors' code: one minimum over all clients and all elements
+        q = torch.log1p(b - shift) + 1e-8  # ln(b_k - beta + 1) + 1e-8 > 0, so no client gets weight 0
+        return q / q.sum(dim=0)
+
+    def aggregate(
+        self,
+        global_params: Tensor,
+        client_params: Tensor,
+        num_samples: Tensor,
+        *,
+        client_ids: Tensor,
+        round: int,
+        layout: ParamLayout | None = None,
+        val_acc: Tensor | None = None,
+        **extra: Any,
+    ) -> Tensor:
+        # ascending client id: the sequential moments depend on the order, which must not
+        # depend on the order the loop happened to list this round's clients in
+        order = torch.argsort(client_ids.to(client_params.device))
+        clients = client_params[order]
+        g = global_params - clients  # [K, P]; Alg. 2 line 6, no division by the local lr
+        if self.m is None:
+            self.m, self.v = torch.zeros_like(global_params), torch.zeros_like(global_params)
+        m, v = self.m.to(g), self.v.to(g)
+        self.step += 1
+        r = self.step
+        s = self.lr * math.sqrt(1 - self.beta2**r) / (1 - self.beta1**r)  # eq. (6), bias corrections
+        if self.moments == "shared_sequential":
+            b = torch.empty_like(g)
+            for k in range(g.shape[0]):
+                m = self.beta1 * m + (1 - self.beta1) * g[k]  # eq. (1)
+                v = self._second_moment(v, g[k])
+                b[k] = s * m / (v.sqrt() + self.eps)  # Alg. 2 line 11, moments as they stand after k
+        else:
+            m_k = self.beta1 * m + (1 - self.beta1) * g  # Alg. 2 line 7, every client from last round's m
+            v_k = self._second_moment(v, g)  # Alg. 2 line 8 (v, not the printed m)
+            b = s * m_k / (v_k.sqrt() + self.eps)  # Alg. 2 lines 9-11
+            m, v = m_k.mean(dim=0), v_k.mean(dim=0)
+        self.m, self.v = m, v
+        p = self._client_weights(b)  # [K, P]
+        # = w - sum_k p_k * g_k (Alg. 2 line 14), since sum_k p_k = 1 per element; anchored
+        # on a client so that identical clients (or a single one) come back bit-exact
+        new = clients[0] + (p * (clients - clients[0])).sum(dim=0)
+        self.last_weights = torch.empty_like(p[:, 0]).index_copy_(0, order, p.mean(dim=1))
+        return new
+
+    def buffer_weights(self, num_samples: Tensor) -> Tensor:
+        """BatchNorm statistics are averaged with D = n_k / n (SPEC), not the element-wise weights."""
+        return sample_weights(num_samples)
+
+    def state_dict(self) -> dict:
+        clone = (lambda t: None if t is None else t.detach().clone())
+        return {"m": clone(self.m), "v": clone(self.v), "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.m = None if state["m"] is None else state["m"].detach().clone()
+        self.v = None if state["v"] is None else state["v"].detach().clone()
+        self.step = int(state["step"])

@@ -1,0 +1,193 @@
+"""EWWA-FL against a plain-numpy reading of SPEC "EWWA-FL", plus the aggregator invariants."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from fedagg.aggregators.ewwa import EWWA
+
+OPTIMIZERS = ("adam", "adagrad", "yogi")
+MOMENTS = ("shared_sequential", "per_client")
+WEIGHTINGS = ("log_shift", "softmax")
+ALL = list(itertools.product(OPTIMIZERS, MOMENTS, WEIGHTINGS))
+SAMPLES = torch.tensor([10, 30, 20])
+
+
+def reference(rounds, optimizer, moments, weighting, lr=1.0, b1=0.9, b2=0.999, eps=1e-8):
+    """SPEC's text in float64: rounds = [(w [P], W [K,P], ids [K])]; per round (new, mean p [K], m, v)."""
+    m = v = np.zeros(len(rounds[0][0]))
+    out = []
+
+    def second(v, g):
+        if optimizer == "adam":
+            return b2 * v + (1 - b2) * g**2
+        if optimizer == "adagrad":
+            return v + g**2
+        return v - (1 - b2) * g**2 * np.sign(v - g**2)
+
+    for r, (w, W, ids) in enumerate(rounds, start=1):
+        g = w[None, :] - W
+        s = lr * math.sqrt(1 - b2**r) / (1 - b1**r)
+        b = np.zeros_like(g)
+        if moments == "shared_sequential":
+            for k in np.argsort(ids):  # ascending id, whatever position the client has
+                m = b1 * m + (1 - b1) * g[k]
+                v = second(v, g[k])
+                b[k] = s * m / (np.sqrt(v) + eps)
+        else:
+            mk, vk = b1 * m + (1 - b1) * g, second(v[None, :], g)
+            b = s * mk / (np.sqrt(vk) + eps)
+            m, v = mk.mean(axis=0), vk.mean(axis=0)
+        if weighting == "log_shift":
+            q = np.log(b - b.min() + 1) + 1e-8
+            p = q / q.sum(axis=0)
+        else:
+            e = np.exp(b - b.max(axis=0))
+            p = e / e.sum(axis=0)
+        assert np.allclose(p.sum(axis=0), 1.0)
+        out.append((w - (p * g).sum(axis=0), p.mean(axis=1), m.copy(), v.copy()))
+    return out
+
+
+def make_rounds(ids_per_round, P=5, seed=0, dtype=np.float64):
+    """Start w [P] and each round's client updates [K, P]."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=P).astype(dtype)
+    return w, [rng.normal(scale=0.1, size=(len(ids), P)).astype(dtype) for ids in ids_per_round]
+
+
+def run_both(config, ids_per_round, seed=0, dtype=np.float64):
+    """The implementation round by round (its output feeds the next round), and the reference on the same inputs."""
+    w, deltas = make_rounds(ids_per_round, seed=seed, dtype=dtype)
+    agg, rounds, got = EWWA(*config), [], []
+    for ids, delta in zip(ids_per_round, deltas):
+        W = w[None, :] + delta
+        rounds.append((w.astype(np.float64), W.astype(np.float64), np.array(ids)))
+        new = agg.aggregate(torch.from_numpy(w), torch.from_numpy(W), SAMPLES[: len(ids)], client_ids=torch.tensor(ids), round=len(rounds))
+        got.append((new, agg.last_weights.clone(), agg.m.clone(), agg.v.clone()))
+        w = new.numpy()
+    return got, reference(rounds, *config), rounds
+
+
+# unsorted ids; partial participation (new client 5, K changes: the moments are shared, not per id);
+# float32 with a loose tolerance: in round 1 b_k = sign(g_k) up to eps-sized terms, so log_shift's weights
+# among clients at the minimum hinge on differences float32 resolves only to a few percent
+SCHEDULES = {"unsorted": ([[2, 0, 1], [1, 2, 0]], 0, np.float64, 1e-9),
+             "partial": ([[0, 1, 2], [5, 2]], 1, np.float64, 1e-9),
+             "float32": ([[2, 0, 1], [1, 2, 0]], 0, np.float32, 1e-3)}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("config", ALL, ids=["-".join(c) for c in ALL])
+def test_two_rounds_match_numpy_reference(config, schedule):
+    ids, seed, dtype, tol = SCHEDULES[schedule]
+    got, want, _ = run_both(config, ids, seed, dtype)
+    for (new, weights, m, v), (w_new, w_weights, w_m, w_v) in zip(got, want):
+        assert new.dtype == weights.dtype == m.dtype == v.dtype == torch.from_numpy(np.zeros(1, dtype)).dtype
+        for t, a in ((new, w_new), (weights, w_weights), (m, w_m), (v, w_v)):
+            assert np.allclose(t.double().numpy(), a, rtol=tol, atol=tol)
+        assert torch.all(weights >= 0) and abs(float(weights.sum()) - 1) < 1e-6
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_sequential_order_is_by_id_not_by_position(optimizer):
+    config = (optimizer, "shared_sequential", "log_shift")
+    ids = [2, 0, 1]
+    got, want, rounds = run_both(config, [ids])
+    # the same clients listed in ascending order give the same result, weights follow the clients
+    w, W, _ = rounds[0]
+    order = np.argsort(ids)
+    agg = EWWA(*config)
+    new = agg.aggregate(torch.tensor(w), torch.tensor(W[order]), SAMPLES, client_ids=torch.tensor(sorted(ids)), round=1)
+    assert torch.equal(new, got[0][0])
+    assert torch.equal(agg.last_weights, got[0][1][torch.from_numpy(order)])
+    # processing in position order would be a different answer, so the test above can fail
+    positional = reference([(w, W, np.arange(3))], *config)
+    assert not np.allclose(positional[0][0], want[0][0], rtol=1e-4, atol=1e-4)
+
+
+def test_step_count_is_the_aggregators_not_the_round_argument():
+    w, W = torch.zeros(4), torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.5, 1.0, -1.0, 2.0], [2.0, 0.0, 1.0, -1.0]])
+    a, b = EWWA(), EWWA()
+    ids = torch.tensor([0, 1, 2])
+    assert torch.equal(a.aggregate(w, W, SAMPLES, client_ids=ids, round=1), b.aggregate(w, W, SAMPLES, client_ids=ids, round=9))
+    assert b.state_dict()["step"] == 1
+
+
+@pytest.mark.parametrize("config", ALL, ids=["-".join(c) for c in ALL])
+def test_identical_clients_and_single_client_come_back_exactly(config):
+    w = torch.tensor([0.1, -0.7, 1.3, 0.0, 2.2])
+    client = torch.tensor([0.3, -0.2, 1.1, 0.05, 2.9])
+    agg = EWWA(*config)
+    for r in (1, 2):
+        new = agg.aggregate(w, client.repeat(3, 1), SAMPLES, client_ids=torch.tensor([2, 0, 1]), round=r)
+        assert torch.equal(new, client)
+        assert torch.all(agg.last_weights >= 0) and torch.isclose(agg.last_weights.sum(), torch.tensor(1.0))
+    one = EWWA(*config)
+    assert torch.equal(one.aggregate(w, client[None], SAMPLES[:1], client_ids=torch.tensor([3]), round=1), client)
+    assert torch.equal(one.last_weights, torch.ones(1))
+
+
+@pytest.mark.parametrize("weighting", WEIGHTINGS)
+def test_element_weights_are_non_negative_and_sum_to_one_per_element(weighting):
+    agg = EWWA(weighting=weighting)
+    b = torch.tensor([[-3.0, 0.0, 50.0, 1e-7], [2.0, 0.0, -50.0, 0.0], [0.5, 0.0, 80.0, -1e-7]])
+    p = agg._client_weights(b)
+    assert torch.all(p >= 0) and torch.all(torch.isfinite(p))
+    assert torch.allclose(p.sum(dim=0), torch.ones(4))
+    assert torch.allclose(p[:, 1], torch.full((3,), 1 / 3))  # equal steps, equal weights
+
+
+@pytest.mark.parametrize("config", ALL, ids=["-".join(c) for c in ALL])
+def test_zero_updates_and_large_updates_stay_finite(config):
+    w = torch.tensor([0.1, -0.7, 1.3, 0.0, 2.2])
+    agg = EWWA(*config)
+    assert torch.equal(agg.aggregate(w, w.repeat(3, 1), SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=1), w)
+    big = w + torch.tensor([[1e3], [-1e3], [5e2]]) * torch.arange(1.0, 6.0)
+    new = agg.aggregate(w, big, SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=2)
+    assert torch.all(torch.isfinite(new)) and torch.all(torch.isfinite(agg.last_weights))
+    assert torch.all(new >= big.min(dim=0).values) and torch.all(new <= big.max(dim=0).values)  # convex per element
+
+
+@pytest.mark.parametrize("moments", MOMENTS)
+def test_state_dict_round_trip_gives_bit_identical_next_round(moments):
+    w, deltas = make_rounds([[2, 0, 1], [1, 0, 2]], seed=3)
+    W1, W2 = torch.from_numpy(w + deltas[0]), torch.from_numpy(w + deltas[1])
+    ids = torch.tensor([2, 0, 1])
+    whole = EWWA(optimizer="yogi", moments=moments)
+    mid = whole.aggregate(torch.from_numpy(w), W1, SAMPLES, client_ids=ids, round=1)
+    state = whole.state_dict()
+    expected = whole.aggregate(mid, W2 + (mid - torch.from_numpy(w)), SAMPLES, client_ids=ids.flip(0), round=2)
+    resumed = EWWA(optimizer="yogi", moments=moments)
+    resumed.load_state_dict(state)
+    got = resumed.aggregate(mid, W2 + (mid - torch.from_numpy(w)), SAMPLES, client_ids=ids.flip(0), round=2)
+    assert torch.equal(got, expected) and torch.equal(resumed.last_weights, whole.last_weights)
+    assert state["step"] == 1 and not torch.equal(state["m"], whole.m)  # round 2 moved on from the saved state
+
+
+def test_buffers_are_averaged_with_sample_shares():
+    agg = EWWA()
+    agg.aggregate(torch.zeros(2), torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=1)
+    assert torch.allclose(agg.buffer_weights(SAMPLES), torch.tensor([1 / 6, 1 / 2, 1 / 3]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [({"optimizer": "sgd"}, "optimizer"), ({"moments": "mean"}, "moments"), ({"weighting": "uniform"}, "weighting"),
+     ({"lr": 0.0}, "lr"), ({"beta1": 1.0}, "beta1"), ({"beta2": -0.1}, "beta2"), ({"eps": 0.0}, "eps")],
+)
+def test_bad_options_raise_naming_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=rf"aggregator\.{key}="):
+        EWWA(**kwargs)
+
+
+def test_yaml_instantiates_ready_object_with_spec_defaults():
+    agg = instantiate(OmegaConf.load("conf/aggregator/ewwa.yaml"))
+    assert isinstance(agg, EWWA)
+    assert (agg.optimizer, agg.moments, agg.weighting) == ("adam", "shared_sequential", "log_shift")
+    assert (agg.lr, agg.beta1, agg.beta2, agg.eps) == (1.0, 0.9, 0.999, 1e-8)
