@@ -13,6 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils import parameters_to_vector
+
+from fedagg.objectives import Objective
 
 SCHEDULES = ("constant", "exponential", "multistep")
 
@@ -50,6 +53,7 @@ class LocalSGD:
         gamma: float = 0.1,
         keep_optimizer_state: bool = False,
         val_frac: float | None = None,
+        objective: Objective | None = None,
     ) -> None:
         _check(lr > 0, "lr", lr, "it must be > 0")
         _check(0 <= momentum < 1, "momentum", momentum, "it must be in [0, 1)")
@@ -67,6 +71,7 @@ class LocalSGD:
         self.schedule, self.decay, self.milestones, self.gamma = schedule, decay, tuple(sorted(milestones)), gamma
         self.keep_optimizer_state = keep_optimizer_state
         self.val_frac = val_frac
+        self.objective = objective if objective is not None else Objective()
         self.optimizer_states: dict[int, dict] = {}
 
     def lr_at(self, round: int, total_rounds: int) -> float:
@@ -93,17 +98,24 @@ class LocalSGD:
         """Local epochs of minibatch SGD from the model's current weights; returns the mean loss."""
         opt = self.make_optimizer(model, client.id, lr)
         model.train()
+        params = list(model.parameters())
+        start = parameters_to_vector(params).detach()
+        anchor = [p.detach().clone() for p in params]
+        state = self.objective.client_state(client.id, start)
+        state = None if state is None else [s.view_as(p) for s, p in zip(state.split([p.numel() for p in params]), params)]
         n = client.num_samples
         loss_sum = torch.zeros((), device=client.train_idx.device)
         for _ in range(self.local_epochs):
             order = client.train_idx[torch.randperm(n, generator=generator, device=client.train_idx.device)]
             for batch in order.split(self.batch_size):
                 x, y = data.train_batch(batch, generator)
-                loss = F.cross_entropy(model(x), y)
+                task_loss = F.cross_entropy(model(x), y)
+                extra = self.objective.penalty(params, anchor, state)
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                (task_loss if extra is None else task_loss + extra).backward()
                 opt.step()
-                loss_sum += loss.detach() * batch.numel()
+                loss_sum += task_loss.detach() * batch.numel()  # the task loss, comparable across objectives
         if self.keep_optimizer_state:
             self.optimizer_states[client.id] = copy.deepcopy(opt.state_dict())
+        self.objective.after_training(client.id, parameters_to_vector(params).detach(), start)
         return float(loss_sum) / (n * self.local_epochs)

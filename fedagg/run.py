@@ -13,6 +13,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -96,8 +97,9 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
                                                   traceback=traceback.format_exc()))
         if tracker is not None:
             tracker.finish({"status": "failed"})
-        if stage == "setup" and isinstance(err, (ValueError, FileNotFoundError)):
-            raise SetupError(str(err)) from err
+        cause = err.__cause__ if isinstance(err, InstantiationException) else err  # a constructor's own message
+        if stage == "setup" and isinstance(cause, (ValueError, FileNotFoundError)):
+            raise SetupError(str(cause)) from err
         raise
     tracker.finish(summary)
     log.info("%s: final test accuracy %.4f after %d rounds (%s)", summary["status"],
