@@ -33,6 +33,8 @@ class Aggregator:
     """FedAvg (McMahan 2017): w + sum_k p_k (W_k - w), p = D (samples) or 1/K (uniform)."""
 
     requires: frozenset[str] = frozenset()
+    # a method whose paper tests another model than the one it sends to clients sets this each round
+    eval_params: Tensor | None = None
 
     def __init__(self, weighting: str = "samples") -> None:
         if weighting not in WEIGHTINGS:

@@ -1,0 +1,102 @@
+"""Accuracy- and distance-weighted averaging (aggregation-comparison-abavg-accinverse-ida.txt).
+
+ABAVG (eq. 2) favours clients whose trained model validates well, ACC_inverse (eq. 3,
+Salmeron et al.) favours the ones that validate badly, and IDA (eq. 4-5, Yeganeh et al.)
+down-weights models far from the average. All three are convex combinations of the client
+models; only the weights differ. They keep no state between rounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedagg.aggregators.base import Aggregator
+
+VAL_SOURCES = ("local", "server")
+REFERENCES = ("mean", "global")
+
+
+def _positive(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"aggregator.{key}={value!r} is not allowed; use a positive number such as 1e-8")
+    return float(value)
+
+
+def _normalise(scores: Tensor) -> Tensor:
+    """scores / sum, or uniform when every score is 0 (no client is preferred)."""
+    total = scores.sum()
+    return torch.where(total > 0, scores / torch.where(total > 0, total, 1.0), 1.0 / scores.numel())
+
+
+class AccuracyWeighted(Aggregator):
+    """Shared plumbing: weights come from val_acc [K], measured where `val_source` says.
+
+    `server_samples` tells the round loop how many training samples to hold out for the
+    server's validation split (0 when each client validates on its own held-out data).
+    """
+
+    requires = frozenset({"val_acc"})
+
+    def __init__(self, val_source: str = "local", server_val_size: int = 500) -> None:
+        super().__init__()
+        if val_source not in VAL_SOURCES:
+            allowed = ", ".join(VAL_SOURCES)
+            raise ValueError(f"aggregator.val_source={val_source!r} is not allowed; choose one of {allowed}")
+        if isinstance(server_val_size, bool) or not isinstance(server_val_size, int) or server_val_size < 1:
+            raise ValueError(f"aggregator.server_val_size={server_val_size!r} is not allowed; use a positive integer")
+        self.val_source = val_source
+        self.server_samples = server_val_size if val_source == "server" else 0
+
+    def client_weights(self, num_samples: Tensor, **context: Any) -> Tensor:
+        val_acc = context.get("val_acc")
+        if val_acc is None:
+            raise ValueError(f"{type(self).__name__} needs val_acc [K] (it declares requires={{'val_acc'}})")
+        return self.weights_from_accuracy(val_acc.to(context["client_params"].dtype))
+
+    def weights_from_accuracy(self, acc: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class ABAVG(AccuracyWeighted):
+    """`conf/aggregator/abavg.yaml`: p_k = acc_k / sum_j acc_j (eq. 2); all accuracies 0 -> uniform."""
+
+    def weights_from_accuracy(self, acc: Tensor) -> Tensor:
+        return _normalise(acc)  # eq. 2
+
+
+class AccInverse(AccuracyWeighted):
+    """`conf/aggregator/acc_inverse.yaml`: p_k proportional to 1 / max(acc_k, eps) (eq. 3)."""
+
+    def __init__(self, val_source: str = "local", server_val_size: int = 500, eps: float = 1e-8) -> None:
+        super().__init__(val_source, server_val_size)
+        self.eps = _positive("eps", eps)
+
+    def weights_from_accuracy(self, acc: Tensor) -> Tensor:
+        inverse = 1.0 / acc.clamp_min(self.eps)  # eps: a client that got nothing right
+        return inverse / inverse.sum()  # eq. 3
+
+
+class IDA(Aggregator):
+    """`conf/aggregator/ida.yaml`: p_k proportional to 1 / (||ref - W_k|| + eps) (eq. 4-5).
+
+    ref is the plain mean of the client models (the paper) or the global model (`reference: global`).
+    """
+
+    def __init__(self, reference: str = "mean", eps: float = 1e-8) -> None:
+        super().__init__()
+        if reference not in REFERENCES:
+            allowed = ", ".join(REFERENCES)
+            raise ValueError(f"aggregator.reference={reference!r} is not allowed; choose one of {allowed}")
+        self.reference = reference
+        self.eps = _positive("eps", eps)
+
+    def client_weights(self, num_samples: Tensor, **context: Any) -> Tensor:
+        W = context["client_params"]
+        ref = W.mean(dim=0) if self.reference == "mean" else context["global_params"]
+        d = torch.linalg.vector_norm(ref - W, dim=1)  # ||w_avg - w_k||, eq. 4
+        inverse = 1.0 / (d + self.eps)
+        # eq. 5 (Z normalises); every model at the reference: nobody is an outlier, so uniform
+        return torch.where(d.max() > 0, inverse / inverse.sum(), 1.0 / d.numel())

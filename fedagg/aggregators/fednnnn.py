@@ -1,0 +1,96 @@
+"""FedNNNN (Nagura et al., fednnnn.txt) and its two ablations, Norm-Norm and Momentum.
+
+Averaging updates that point different ways shrinks them (N = ||sum p Delta|| <= E =
+sum p ||Delta||, eq. 6), so FedNNNN stretches the mean update back to beta * E (eq. 8) and
+adds server momentum on top (eq. 12-13). Norm-Norm is the stretch alone (gamma = 0);
+Momentum is the momentum alone (the factor beta E / N replaced by 1, eq. 10-11).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from fedagg.aggregators.base import Aggregator
+from fedagg.params import ParamLayout
+
+TINY_NORM = 1e-12  # below this N the mean update has no direction to stretch (SPEC)
+# The paper evaluates the plain average (section 4.1, step 5) and sends clients the stretched
+# model (step 6), whose own accuracy it calls "extremely poor": `evaluate: global` scores that one.
+EVALUATE = ("average", "global")
+
+
+def _number(key: str, value: Any, ok: Callable[[float], bool], allowed: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ValueError(f"aggregator.{key}={value!r} is not allowed; {allowed}")
+    return float(value)
+
+
+class FedNNNN(Aggregator):
+    """`conf/aggregator/fednnnn.yaml`: d <- gamma d + beta (E/N) a, w <- w + d; state: d [P]."""
+
+    def __init__(self, beta: float = 0.7, gamma: float = 0.8, weighting: str = "uniform",
+                 evaluate: str = "average") -> None:
+        # uniform by default: the paper's server is not told client sizes (SPEC)
+        super().__init__(weighting)
+        if evaluate not in EVALUATE:
+            raise ValueError(f"aggregator.evaluate={evaluate!r} is not allowed; choose one of {', '.join(EVALUATE)}")
+        self.evaluate = evaluate
+        self.beta = _number("beta", beta, lambda b: b > 0, "use a positive number (paper: 0.6 to 1.1)")
+        self.gamma = _number("gamma", gamma, lambda g: 0 <= g < 1, "use a number in [0, 1) (paper: 0.6 to 0.9)")
+        self.momentum: Tensor | None = None  # d_t, d_0 = 0
+
+    def scale(self, mean_norm: Tensor, norm_mean: Tensor) -> Tensor:
+        """beta E / N (eq. 8), or 0 when N is too small to normalise (the paper returns w as is)."""
+        safe = norm_mean.clamp_min(TINY_NORM)
+        return torch.where(norm_mean >= TINY_NORM, self.beta * mean_norm / safe, 0.0)
+
+    def aggregate(
+        self,
+        global_params: Tensor,
+        client_params: Tensor,
+        num_samples: Tensor,
+        *,
+        client_ids: Tensor,
+        round: int,
+        layout: ParamLayout | None = None,
+        val_acc: Tensor | None = None,
+        **extra: Any,
+    ) -> Tensor:
+        p = self.client_weights(num_samples).to(client_params.dtype)
+        self.last_weights = p
+        delta = client_params - global_params  # eq. 2
+        a = p @ delta  # the FedAvg update
+        if self.evaluate == "average":
+            self.eval_params = global_params + a  # eq. 1: the model the paper evaluates (protocol step 5)
+        n = torch.linalg.vector_norm(a)  # N, eq. 4
+        e = p @ torch.linalg.vector_norm(delta, dim=1)  # E, eq. 5
+        d = torch.zeros_like(global_params) if self.momentum is None else self.momentum.to(global_params)
+        self.momentum = self.gamma * d + self.scale(e, n) * a  # eq. 12 (Alg. 3 line 11)
+        return global_params + self.momentum  # eq. 13 (Alg. 3 line 12)
+
+    def state_dict(self) -> dict:
+        return {"momentum": None if self.momentum is None else self.momentum.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        m = state["momentum"]
+        self.momentum = None if m is None else m.clone()
+
+
+class NormNorm(FedNNNN):
+    """`conf/aggregator/normnorm.yaml`: w <- w + beta (E/N) a (eq. 8), no momentum."""
+
+    def __init__(self, beta: float = 0.7, weighting: str = "uniform", evaluate: str = "average") -> None:
+        super().__init__(beta=beta, gamma=0.0, weighting=weighting, evaluate=evaluate)
+
+
+class FedMomentum(FedNNNN):
+    """`conf/aggregator/fedmomentum.yaml`: d <- gamma d + a, w <- w + d (eq. 10-11), no stretch."""
+
+    def __init__(self, gamma: float = 0.8, weighting: str = "uniform", evaluate: str = "average") -> None:
+        super().__init__(beta=1.0, gamma=gamma, weighting=weighting, evaluate=evaluate)
+
+    def scale(self, mean_norm: Tensor, norm_mean: Tensor) -> Tensor:
+        return torch.ones_like(norm_mean)

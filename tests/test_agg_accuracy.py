@@ -1,0 +1,125 @@
+"""ABAVG, ACC_inverse and IDA against numpy transcriptions of SPEC "Accuracy and distance weighting"."""
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from fedagg.aggregators.accuracy import ABAVG, IDA, AccInverse
+
+W0 = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0])
+CLIENTS = torch.tensor([[1.5, -0.5, 2.0, 0.3, 0.0], [0.0, -1.0, 3.0, 0.2, 1.5], [0.4, 0.5, 1.0, -0.6, 1.2]])
+SAMPLES = torch.tensor([10, 30, 20])
+IDS = torch.tensor([0, 1, 2])
+ACC = torch.tensor([0.5, 0.25, 0.75])
+
+
+def run(agg, W=CLIENTS, acc=ACC, n=SAMPLES, ids=IDS, w=W0):
+    return agg.aggregate(w, W, n, client_ids=ids, round=1, val_acc=acc)
+
+
+def combine(p):
+    return np.asarray(p, np.float64) @ CLIENTS.numpy().astype(np.float64)  # new global = sum_k p_k W_k
+
+
+def ida_weights(W, ref, eps=1e-8):
+    d = np.linalg.norm(np.asarray(W, np.float64) - np.asarray(ref, np.float64), axis=1)
+    if d.max() == 0:
+        return np.full(len(d), 1 / len(d))
+    inv = 1 / (d + eps)
+    return inv / inv.sum()
+
+
+@pytest.mark.parametrize(
+    "agg, expected",
+    [(ABAVG(), [0.5 / 1.5, 0.25 / 1.5, 0.75 / 1.5]),
+     (AccInverse(), np.array([2.0, 4.0, 4 / 3]) / (2 + 4 + 4 / 3)),
+     (AccInverse(eps=0.3), np.array([2.0, 1 / 0.3, 4 / 3]) / (2 + 1 / 0.3 + 4 / 3)),
+     (IDA(), ida_weights(CLIENTS, CLIENTS.numpy().astype(np.float64).mean(0))),
+     (IDA(eps=1.0), ida_weights(CLIENTS, CLIENTS.numpy().astype(np.float64).mean(0), eps=1.0)),
+     (IDA(reference="global"), ida_weights(CLIENTS, W0))],
+    ids=["abavg", "acc_inverse", "acc_inverse_floor", "ida_mean", "ida_large_eps", "ida_global"],
+)
+def test_weights_and_new_global_match_spec(agg, expected):
+    new = run(agg)
+    assert np.allclose(agg.last_weights.numpy(), expected, atol=1e-6)
+    assert np.allclose(new.numpy(), combine(expected), atol=1e-5)
+    assert (agg.last_weights >= 0).all() and torch.allclose(agg.last_weights.sum(), torch.tensor(1.0))
+
+
+def test_the_weights_follow_accuracy_not_size():
+    # same accuracies, different sizes: identical weights; and a swap of accuracies swaps the weights
+    for agg in (ABAVG(), AccInverse()):
+        run(agg, n=torch.tensor([1, 1, 1]))
+        first = agg.last_weights.clone()
+        run(agg, n=torch.tensor([100, 1, 7]))
+        assert torch.equal(agg.last_weights, first)
+        run(agg, acc=ACC.flip(0))
+        assert torch.equal(agg.last_weights, first.flip(0))
+
+
+def test_accuracy_guards():
+    abavg = ABAVG()
+    out = run(abavg, acc=torch.zeros(3))  # nobody validates: uniform, not 0/0
+    assert torch.equal(abavg.last_weights, torch.full((3,), 1 / 3)) and torch.isfinite(out).all()
+    inv = AccInverse(eps=1e-8)
+    run(inv, acc=torch.tensor([0.0, 0.5, 0.25]))  # 1/max(acc, eps): 1e8, 2, 4
+    assert np.allclose(inv.last_weights.numpy(), np.array([1e8, 2, 4]) / (1e8 + 6), rtol=1e-6)
+    inv = AccInverse(eps=0.1)
+    run(inv, acc=torch.zeros(3))
+    assert torch.allclose(inv.last_weights, torch.full((3,), 1 / 3))
+
+
+def test_ida_guards():
+    ida = IDA()
+    same = run(ida, W=CLIENTS[:1].repeat(3, 1))  # every distance 0: uniform
+    assert torch.equal(ida.last_weights, torch.full((3,), 1 / 3)) and torch.allclose(same, CLIENTS[0], atol=1e-6)
+    # client 2 sits on the mean: distance 0, weight 1/eps dominates but stays finite
+    on_mean = torch.stack([CLIENTS[0], CLIENTS[1], (CLIENTS[0] + CLIENTS[1]) / 2])
+    run(ida, W=on_mean)
+    assert torch.isfinite(ida.last_weights).all() and ida.last_weights[2] > 0.99
+    glob = IDA(reference="global")
+    assert torch.equal(run(glob, W=W0.repeat(3, 1)), W0)  # nobody moved: uniform over zero updates
+
+
+@pytest.mark.parametrize("make", [ABAVG, AccInverse, IDA])
+def test_identical_clients_and_single_client(make):
+    agg = make()
+    assert torch.allclose(run(agg, W=CLIENTS[1:2].repeat(3, 1)), CLIENTS[1], atol=1e-6)
+    one = make()
+    out = run(one, W=CLIENTS[1:2], acc=ACC[1:2], n=SAMPLES[1:2], ids=IDS[1:2])
+    assert torch.allclose(out, CLIENTS[1], atol=1e-6) and torch.equal(one.last_weights, torch.ones(1))
+    assert agg.state_dict() == {}
+
+
+def test_accuracy_plumbing_for_the_round_loop():
+    assert ABAVG.requires == AccInverse.requires == frozenset({"val_acc"}) and IDA.requires == frozenset()
+    local = ABAVG()
+    assert (local.val_source, local.server_samples) == ("local", 0)
+    server = AccInverse(val_source="server", server_val_size=300)
+    assert (server.val_source, server.server_samples) == ("server", 300)
+    with pytest.raises(ValueError, match="val_acc"):
+        ABAVG().aggregate(W0, CLIENTS, SAMPLES, client_ids=IDS, round=1)
+
+
+@pytest.mark.parametrize(
+    "make, kwargs, key",
+    [(ABAVG, {"val_source": "remote"}, "val_source"), (ABAVG, {"server_val_size": 0}, "server_val_size"),
+     (AccInverse, {"server_val_size": 2.5}, "server_val_size"), (AccInverse, {"eps": 0}, "eps"),
+     (IDA, {"eps": -1e-8}, "eps"), (IDA, {"reference": "median"}, "reference")],
+)
+def test_bad_options_name_the_key(make, kwargs, key):
+    with pytest.raises(ValueError, match=rf"aggregator\.{key}="):
+        make(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "name, cls, attrs",
+    [("abavg", ABAVG, {"val_source": "local", "server_samples": 0}),
+     ("acc_inverse", AccInverse, {"val_source": "local", "server_samples": 0, "eps": 1e-8}),
+     ("ida", IDA, {"reference": "mean", "eps": 1e-8})],
+)
+def test_yaml_instantiates_ready_object(name, cls, attrs):
+    agg = instantiate(OmegaConf.load(f"conf/aggregator/{name}.yaml"))
+    assert type(agg) is cls and all(getattr(agg, k) == v for k, v in attrs.items())
