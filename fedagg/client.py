@@ -74,6 +74,14 @@ class LocalSGD:
         self.objective = objective if objective is not None else Objective()
         self.optimizer_states: dict[int, dict] = {}
 
+    def state_dict(self) -> dict:
+        """What clients carry between rounds: optimizer state (when kept) and the objective's state."""
+        return {"optimizer_states": copy.deepcopy(self.optimizer_states), "objective": self.objective.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer_states = {int(k): v for k, v in state["optimizer_states"].items()}
+        self.objective.load_state_dict(state["objective"])
+
     def lr_at(self, round: int, total_rounds: int) -> float:
         """Learning rate of 1-based `round`."""
         if self.schedule == "exponential":

@@ -28,6 +28,7 @@ class Settings:
     clients_per_round: int | None = None
     eval_every: int = 1
     target_acc: float | None = None
+    checkpoint_every: int = 10
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, value, allowed: str) -> None:
@@ -45,6 +46,8 @@ class Settings:
                 f"it must be an integer from 1 to num_clients={self.num_clients}, or null for all",
             )
         need(isinstance(self.eval_every, int) and self.eval_every >= 1, "eval_every", self.eval_every, "it must be an integer >= 1")
+        need(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 0, "checkpoint_every",
+             self.checkpoint_every, "it must be an integer >= 0 (0: only at the end)")
         if self.target_acc is not None:
             need(0 < self.target_acc <= 1, "target_acc", self.target_acc, "it must be a fraction in (0, 1], or null")
 

@@ -6,17 +6,22 @@ module imports Hydra; `train(cfg, run_dir)` is callable from tests with a compos
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from fedagg.checkpoint import load_checkpoint
 from fedagg.data.device import DeviceData
 from fedagg.data.partition_report import partition_stats, save_partition_report
 from fedagg.federation import (
@@ -40,25 +45,42 @@ class SetupError(ValueError):
 
 
 def settings_from(cfg: DictConfig) -> Settings:
-    return Settings(
-        seed=cfg.seed,
-        rounds=cfg.rounds,
-        num_clients=cfg.num_clients,
-        clients_per_round=cfg.clients_per_round,
-        eval_every=cfg.eval_every,
-        target_acc=cfg.target_acc,
-    )
+    keys = ("seed", "rounds", "num_clients", "clients_per_round", "eval_every", "target_acc", "checkpoint_every")
+    return Settings(**{k: cfg[k] for k in keys})
+
+
+def _user_error(err: Exception) -> Exception | None:
+    """The error to show a user (a constructor's own message), or None for a bug."""
+    cause = err.__cause__ if isinstance(err, InstantiationException) else err
+    return cause if isinstance(cause, (ValueError, FileNotFoundError)) else None
+
+
+def _read_summary(run_dir: Path) -> dict | None:
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _changed_keys(a, b, f"{prefix}{k}.")
+        elif a != b and f"{prefix}{k}" != "resume":
+            keys.append(f"{prefix}{k}")
+    return keys
 
 
 def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> dict:
-    """Run one experiment described by a composed config; write its result files to run_dir."""
+    """Run (or resume) one experiment described by a composed config; write its files to run_dir."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     config = OmegaConf.to_container(cfg, resolve=True)
     summary_base = {"seed": cfg.seed, "choices": choices or {}, "config": config}
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    previous = _read_summary(run_dir)
+    if cfg.resume and previous is not None and previous.get("status") == "completed":
+        log.info("%s already completed; skipping it (resume=true)", run_dir)
+        return previous
     tracker = None
-    stage = "setup"
     try:
         # everything that can reject the configuration is built before any data is loaded
         settings = settings_from(cfg)
@@ -69,7 +91,17 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
         partition = instantiate(cfg.partition)
         model_factory = instantiate(cfg.model)
         tracker = instantiate(cfg.logger)
+        checkpoint = load_checkpoint(run_dir, device) if cfg.resume else None
+        if checkpoint is not None and (changed := _changed_keys(checkpoint["summary"]["config"], config)):
+            raise ValueError(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "
+                             "resume with the same settings or use a new hydra.run.dir")
+        if cfg.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.benchmark = False
 
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         bundle = instantiate(cfg.dataset)(root=str(Path(cfg.data.root).expanduser()))
         server_idx, pool = hold_out_server_split(
             bundle.train_y.numel(), int(getattr(aggregator, "server_samples", 0)), settings.seed
@@ -81,27 +113,26 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
         data = DeviceData(bundle, device, model.input_shape)
         val_frac = effective_val_frac(trainer.val_frac, aggregator)
         clients = make_clients([pool[p] for p in parts], val_frac, settings.seed, device)
-        log.info(
-            "%s: %d train / %d test samples, %d clients, %s with %d parameters on %s",
-            bundle.name, bundle.train_y.numel(), bundle.test_y.numel(), len(clients),
-            type(model).__name__, sum(p.numel() for p in model.parameters()), device,
-        )
-        tracker.start(run_dir, config, name=run_dir.name)
-        tracker.log_image("partition", run_dir / "partition.png")
         fed = Federation(data, model, clients, aggregator, trainer, engine, tracker, server_idx.to(device))
-        stage = "training"
-        summary = run_federation(fed, settings, run_dir, summary_base)
     except Exception as err:
-        # the metrics already written stay; the summary says what went wrong
-        write_json(run_dir / "summary.json", dict(summary_base, status="failed", error=f"{type(err).__name__}: {err}",
-                                                  traceback=traceback.format_exc()))
-        if tracker is not None:
-            tracker.finish({"status": "failed"})
-        cause = err.__cause__ if isinstance(err, InstantiationException) else err  # a constructor's own message
-        if stage == "setup" and isinstance(cause, (ValueError, FileNotFoundError)):
-            raise SetupError(str(cause)) from err
+        if previous is None:  # never overwrite what an earlier run of this directory recorded
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_json(run_dir / "summary.json", dict(summary_base, status="failed", error=f"{type(err).__name__}: {err}",
+                                                      traceback=traceback.format_exc()))
+        if (user_error := _user_error(err)) is not None:
+            raise SetupError(str(user_error)) from err
         raise
-    tracker.finish(summary)
+    log.info(
+        "%s: %d train / %d test samples, %d clients, %s with %d parameters on %s",
+        bundle.name, bundle.train_y.numel(), bundle.test_y.numel(), len(clients),
+        type(model).__name__, sum(p.numel() for p in model.parameters()), device,
+    )
+    tracker.start(run_dir, config, name=run_dir.name)
+    tracker.log_image("partition", run_dir / "partition.png")
+    try:
+        summary = run_federation(fed, settings, run_dir, summary_base, checkpoint)
+    finally:
+        tracker.finish(_read_summary(run_dir) or {"status": "failed"})
     log.info("%s: final test accuracy %.4f after %d rounds (%s)", summary["status"],
              summary["final_test_acc"] or 0.0, summary["rounds_completed"], run_dir)
     return summary
@@ -112,11 +143,15 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in GROUPS or k == "experiment"}
     try:
-        train(cfg, hydra_cfg.runtime.output_dir, choices)
+        summary = train(cfg, hydra_cfg.runtime.output_dir, choices)
     except SetupError as err:
         # a user error, not a bug: the message alone, without a traceback
         log.error("%s", err)
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            return  # recorded in this run's summary.json; the sweep goes on
         sys.exit(2)
+    if summary["status"] == "interrupted":
+        raise KeyboardInterrupt  # stops a sweep too; resume=true continues from the checkpoint
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The round loop: sample clients, train them, aggregate, evaluate, record.
+"""The round loop: sample clients, train them, aggregate, evaluate, record, checkpoint.
 
 Nothing here knows which aggregator runs: what a method needs beyond the parameters
 (validation accuracy, every client's data size, ...) it declares in `requires`, and the
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +19,12 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.checkpoint import rng_state, save_checkpoint, set_rng_state
 from fedagg.client import ClientData, LocalSGD
 from fedagg.diagnostics import round_diagnostics
 from fedagg.evaluation import evaluate
 from fedagg.federation import Settings, sample_clients
+from fedagg.interrupts import StopRequests
 from fedagg.params import ParamLayout, get_buffers, get_params, set_buffers, set_params
 from fedagg.tracking.base import Tracker
 from fedagg.tracking.files import CSVLog, clean_number, write_json
@@ -74,62 +77,129 @@ def validation_indices(fed: Federation, chosen: list[ClientData]) -> list[Tensor
     return [c.val_idx for c in chosen]
 
 
-def run_federation(fed: Federation, settings: Settings, run_dir: Path, summary_base: dict) -> dict:
-    check_requirements(fed)
-    run_dir = Path(run_dir)
-    device = fed.data.device
-    layout = ParamLayout.of(fed.model)
-    params, buffers = get_params(fed.model), get_buffers(fed.model)
-    all_num_samples = torch.tensor([c.num_samples for c in fed.clients], device=device)
-    metrics, weights_log = CSVLog(run_dir / "metrics.csv"), CSVLog(run_dir / "weights.csv")
-    summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
-                   rounds_completed=0, rounds_to_target=None, target_acc=settings.target_acc)
-    start = time.perf_counter()
-    bar = tqdm(range(1, settings.rounds + 1), desc="rounds", unit="round", dynamic_ncols=True, mininterval=1.0)
-    for r in bar:
-        chosen = [fed.clients[i] for i in sample_clients(settings, r)]
-        lr = fed.trainer.lr_at(r, settings.rounds)
+class RoundLoop:
+    def __init__(self, fed: Federation, settings: Settings, run_dir: Path, summary_base: dict) -> None:
+        check_requirements(fed)
+        self.fed, self.settings, self.run_dir = fed, settings, Path(run_dir)
+        self.device = fed.data.device
+        self.layout = ParamLayout.of(fed.model)
+        self.params, self.buffers = get_params(fed.model), get_buffers(fed.model)
+        self.all_num_samples = torch.tensor([c.num_samples for c in fed.clients], device=self.device)
+        self.metrics, self.weights_log = CSVLog(self.run_dir / "metrics.csv"), CSVLog(self.run_dir / "weights.csv")
+        self.summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
+                            rounds_completed=0, rounds_to_target=None, target_acc=settings.target_acc)
+        self.next_round, self.elapsed_before = 1, 0.0
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state(self, elapsed: float) -> dict:
+        return {
+            "round": self.summary["rounds_completed"], "params": self.params, "buffers": self.buffers,
+            "aggregator": self.fed.aggregator.state_dict(), "trainer": self.fed.trainer.state_dict(),
+            "rng": rng_state(), "summary": self.summary, "elapsed_s": elapsed,
+            "metrics": self.metrics.rows, "weights": self.weights_log.rows,
+        }
+
+    def restore(self, ckpt: dict) -> None:
+        self.params, self.buffers = ckpt["params"].to(self.device), ckpt["buffers"].to(self.device)
+        self.fed.aggregator.load_state_dict(ckpt["aggregator"])
+        self.fed.trainer.load_state_dict(ckpt["trainer"])
+        set_rng_state(ckpt["rng"])
+        self.summary.update({k: ckpt["summary"][k] for k in
+                             ("final_test_acc", "best_test_acc", "rounds_completed", "rounds_to_target")})
+        self.metrics.reset(ckpt["metrics"])  # rows written after the checkpoint are dropped
+        self.weights_log.reset(ckpt["weights"])
+        self.next_round, self.elapsed_before = ckpt["round"] + 1, ckpt["elapsed_s"]
+        log.info("resuming after round %d", ckpt["round"])
+
+    # -- one round -----------------------------------------------------------------------
+    def step(self, r: int) -> dict:
+        fed = self.fed
+        chosen = [fed.clients[i] for i in sample_clients(self.settings, r)]
+        lr = fed.trainer.lr_at(r, self.settings.rounds)
         result = fed.engine.train_round(
-            fed.model, params, buffers, chosen, fed.trainer, fed.data,
-            lr=lr, seed=settings.seed, round=r, val_indices=validation_indices(fed, chosen),
+            fed.model, self.params, self.buffers, chosen, fed.trainer, fed.data,
+            lr=lr, seed=self.settings.seed, round=r, val_indices=validation_indices(fed, chosen),
         )
-        num_samples = all_num_samples[[c.id for c in chosen]]
-        ids = torch.tensor([c.id for c in chosen], device=device)
+        ids = [c.id for c in chosen]
+        num_samples = self.all_num_samples[ids]
         new_params = fed.aggregator.aggregate(
-            params, result.params, num_samples, client_ids=ids, round=r, layout=layout,
-            val_acc=result.val_acc, all_num_samples=all_num_samples,
+            self.params, result.params, num_samples, client_ids=torch.tensor(ids, device=self.device), round=r,
+            layout=self.layout, val_acc=result.val_acc, all_num_samples=self.all_num_samples,
         )
         data_weights = sample_weights(num_samples)
         weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
-               **round_diagnostics(params, new_params, result.params, weights), "lr": lr, "clients": len(chosen)}
-        weights_log.extend({"round": r, "client": c.id, "weight": float(w), "num_samples": c.num_samples}
-                           for c, w in zip(chosen, weights.tolist()))
-        params, buffers = new_params, combine_buffers(result.buffers, fed.aggregator.buffer_weights(num_samples))
-        summary["rounds_completed"] = r
-        if not (math.isfinite(row["train_loss"]) and bool(torch.isfinite(params).all())):
-            summary.update(status="diverged", diverged_round=r)
-            log.warning("round %d: non-finite loss or parameters; stopping (status: diverged)", r)
-            break
-        if r % settings.eval_every == 0 or r == settings.rounds:
-            set_params(fed.model, params)
-            set_buffers(fed.model, buffers)
-            acc, loss = evaluate(fed.model, fed.data.eval_batches(None, fed.engine.eval_batch_size))
-            row.update(test_acc=acc, test_loss=loss, elapsed_s=round(time.perf_counter() - start, 3))
-            metrics.append({k: clean_number(v) for k, v in row.items()})
-            summary["final_test_acc"] = acc
-            summary["best_test_acc"] = max(acc, summary["best_test_acc"] or 0.0)
-            if settings.target_acc is not None and summary["rounds_to_target"] is None and acc >= settings.target_acc:
-                summary["rounds_to_target"] = r
-            bar.set_postfix(acc=f"{acc:.4f}", loss=f"{row['train_loss']:.4f}")
-        # the live tracker gets the diagnostics of every round, test metrics where evaluated
-        fed.tracker.log_round(r, {k: v for k, v in row.items() if v is not None})
-    bar.close()
-    if summary["status"] == "running":
-        summary["status"] = "completed"
-    summary["wall_time_s"] = round(time.perf_counter() - start, 3)
-    set_params(fed.model, params)
-    set_buffers(fed.model, buffers)
-    torch.save(fed.model.state_dict(), run_dir / "model.pt")
-    write_json(run_dir / "summary.json", summary)
-    return summary
+               **round_diagnostics(self.params, new_params, result.params, weights), "lr": lr, "clients": len(chosen)}
+        self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n)}
+                                for i, w, n in zip(ids, weights.tolist(), num_samples.tolist()))
+        self.params = new_params
+        self.buffers = combine_buffers(result.buffers, fed.aggregator.buffer_weights(num_samples))
+        return row
+
+    def evaluate(self, row: dict) -> None:
+        tested = self.fed.aggregator.eval_params
+        set_params(self.fed.model, self.params if tested is None else tested)
+        set_buffers(self.fed.model, self.buffers)
+        acc, loss = evaluate(self.fed.model, self.fed.data.eval_batches(None, self.fed.engine.eval_batch_size))
+        row.update(test_acc=acc, test_loss=loss)
+        s = self.summary
+        s["final_test_acc"], s["best_test_acc"] = acc, max(acc, s["best_test_acc"] or 0.0)
+        if self.settings.target_acc is not None and s["rounds_to_target"] is None and acc >= self.settings.target_acc:
+            s["rounds_to_target"] = row["round"]
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> dict:
+        settings, start = self.settings, time.perf_counter()
+        elapsed = lambda: self.elapsed_before + time.perf_counter() - start  # noqa: E731
+        rounds = range(self.next_round, settings.rounds + 1)
+        bar = tqdm(rounds, desc="rounds", unit="round", dynamic_ncols=True, mininterval=1.0,
+                   initial=self.next_round - 1, total=settings.rounds)
+        try:
+            with StopRequests() as stop:
+                for r in bar:
+                    row = self.step(r)
+                    self.summary["rounds_completed"] = r
+                    diverged = not (math.isfinite(row["train_loss"]) and bool(torch.isfinite(self.params).all()))
+                    if not diverged and (r % settings.eval_every == 0 or r == settings.rounds):
+                        self.evaluate(row)
+                        bar.set_postfix(acc=f"{row['test_acc']:.4f}", loss=f"{row['train_loss']:.4f}")
+                    if diverged or row["test_acc"] is not None:
+                        self.metrics.append({k: clean_number(v) for k, v in {**row, "elapsed_s": round(elapsed(), 3)}.items()})
+                    # the live tracker gets every round's diagnostics, test metrics where evaluated
+                    self.fed.tracker.log_round(r, {k: v for k, v in row.items() if v is not None})
+                    if diverged:
+                        self.summary.update(status="diverged", diverged_round=r)
+                        log.warning("round %d: non-finite loss or parameters; stopping (status: diverged)", r)
+                        break
+                    if stop.requested and r < settings.rounds:
+                        self.summary["status"] = "interrupted"
+                        break
+                    if settings.checkpoint_every and r % settings.checkpoint_every == 0 and r < settings.rounds:
+                        save_checkpoint(self.run_dir, self.state(elapsed()))
+        except Exception as err:
+            self.summary.update(status="failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+            self.finish(elapsed())
+            raise
+        finally:
+            bar.close()
+        if self.summary["status"] == "running":
+            self.summary["status"] = "completed"
+        self.finish(elapsed())
+        return self.summary
+
+    def finish(self, elapsed: float) -> None:
+        self.summary["wall_time_s"] = round(elapsed, 3)
+        if self.summary["status"] in ("completed", "interrupted"):
+            save_checkpoint(self.run_dir, self.state(elapsed))
+        set_params(self.fed.model, self.params)
+        set_buffers(self.fed.model, self.buffers)
+        torch.save(self.fed.model.state_dict(), self.run_dir / "model.pt")
+        write_json(self.run_dir / "summary.json", self.summary)
+
+
+def run_federation(fed: Federation, settings: Settings, run_dir: Path, summary_base: dict,
+                   checkpoint: dict | None = None) -> dict:
+    loop = RoundLoop(fed, settings, run_dir, summary_base)
+    if checkpoint is not None:
+        loop.restore(checkpoint)
+    return loop.run()

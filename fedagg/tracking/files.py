@@ -45,6 +45,14 @@ class CSVLog:
         self.rows: list[dict] = []
         self.columns: list[str] = []
 
+    def reset(self, rows: list[dict]) -> None:
+        """Start over from `rows` (a resumed run's rows up to its checkpoint) and rewrite the file."""
+        self.rows, self.columns = [], []
+        if self.path.exists():
+            self.path.unlink()
+        if rows:
+            self.extend(rows)
+
     def append(self, row: dict) -> None:
         self.extend([row])
 
