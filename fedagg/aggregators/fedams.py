@@ -1,0 +1,122 @@
+"""FedAMS and FedCAMS (Wang, Lin, Chen 2022, "Communication-Efficient Adaptive FL").
+
+FedAMS (their Algorithm 1) is FedAdam with AMSGrad's max stabilization: the denominator
+uses v_hat = max(v_hat, v, eps), which never shrinks, so the server step can only get
+more cautious, and eps (v_hat's start) bounds the step by lr * |m| / sqrt(eps).
+FedCAMS (their Algorithm 2) adds compressed uploads with error feedback: each client id
+keeps the part of its update the compressor dropped and adds it to its next update.
+With `bias_correction: true` (the authors' code) m is divided by 1 - b1^r and v_hat by
+1 - b2^r in the step only; the max is taken over the uncorrected v, as in that code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedagg.aggregators.fedopt import FedAdam
+from fedagg.params import ParamLayout
+
+COMPRESSORS = ("sign", "topk")
+
+
+class FedAMS(FedAdam):
+    """`conf/aggregator/fedams.yaml`: Adam moments on g, v_hat = max(v_hat, v, eps), w + lr m / sqrt(v_hat)."""
+
+    def __init__(
+        self,
+        weighting: str = "samples",
+        lr: float = 1.0,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        eps: float = 1e-3,
+        bias_correction: bool = False,
+    ) -> None:
+        # tau = 0: no additive term in the denominator, and v starts at 0 (Alg. 1: m_0 = v_0 = 0)
+        super().__init__(weighting, lr, beta1, beta2, tau=0.0, bias_correction=bias_correction)
+        # eps > 0 is what keeps sqrt(v_hat) away from 0 when g is all zeros
+        if not eps > 0:
+            raise ValueError(f"aggregator.eps={eps!r} is not allowed; it must be > 0")
+        self.eps = float(eps)
+        self.v_hat: Tensor | None = None  # [P] running max of v; starts at eps
+
+    def server_update(self, global_params: Tensor, update: Tensor, *, round: int) -> Tensor:
+        c1, c2 = self.advance(update)  # m <- b1 m + (1-b1) g; v <- b2 v + (1-b2) g^2 (Alg. 1)
+        if self.v_hat is None:
+            self.v_hat = torch.full_like(update, self.eps)
+        self.v_hat = torch.maximum(self.v_hat, self.v).clamp_min(self.eps)  # Alg. 1, option FedAMS
+        return global_params + self.lr * (self.m / c1) / (self.v_hat / c2).sqrt()  # Alg. 1 server step
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "v_hat": None if self.v_hat is None else self.v_hat.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.v_hat = None if state["v_hat"] is None else state["v_hat"].clone()
+
+
+class FedCAMS(FedAMS):
+    """`conf/aggregator/fedcams.yaml`: FedAMS on g = sum_k p_k C(Delta_k + e_k), error feedback per client id."""
+
+    def __init__(
+        self,
+        weighting: str = "samples",
+        lr: float = 1.0,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        eps: float = 1e-3,
+        bias_correction: bool = False,
+        compressor: str = "sign",
+        ratio: float = 1 / 64,
+    ) -> None:
+        super().__init__(weighting, lr, beta1, beta2, eps, bias_correction)
+        if compressor not in COMPRESSORS:
+            allowed = ", ".join(COMPRESSORS)
+            raise ValueError(f"aggregator.compressor={compressor!r} is not allowed; choose one of {allowed}")
+        if not 0 < ratio <= 1:
+            raise ValueError(f"aggregator.ratio={ratio!r} is not allowed; it must be in (0, 1]")
+        self.compressor, self.ratio = compressor, float(ratio)
+        self.errors: dict[int, Tensor] = {}  # client id -> [P] error e_k, created the first time the id is seen
+
+    def compress(self, x: Tensor) -> Tensor:
+        """C applied to each row of x [K, P] on its own."""
+        if self.compressor == "sign":
+            # scaled sign: sign(x) * ||x||_1 / P keeps the row's mean magnitude
+            return torch.sign(x) * x.abs().sum(dim=1, keepdim=True) / x.shape[1]
+        k = max(1, int(self.ratio * x.shape[1]))  # at least one entry survives
+        keep = x.abs().topk(k, dim=1).indices
+        return torch.zeros_like(x).scatter(1, keep, x.gather(1, keep))
+
+    def aggregate(
+        self,
+        global_params: Tensor,
+        client_params: Tensor,
+        num_samples: Tensor,
+        *,
+        client_ids: Tensor,
+        round: int,
+        layout: ParamLayout | None = None,
+        val_acc: Tensor | None = None,
+        **extra: Any,
+    ) -> Tensor:
+        weights = self.client_weights(
+            num_samples, global_params=global_params, client_params=client_params, client_ids=client_ids,
+            round=round, layout=layout, val_acc=val_acc, **extra,
+        ).to(client_params.dtype)
+        self.last_weights = weights
+        ids = [int(i) for i in client_ids.tolist()]
+        errors = torch.stack([self.errors.get(i, torch.zeros_like(global_params)) for i in ids])
+        corrected = client_params - global_params + errors  # Delta_k + e_k
+        sent = self.compress(corrected)  # c_k = C(Delta_k + e_k) (Alg. 2, client)
+        for i, e in zip(ids, corrected - sent):  # e_k <- Delta_k + e_k - c_k (Alg. 2, client)
+            self.errors[i] = e.clone()  # own storage: a row view would keep this round's [K, P] alive
+        return self.server_update(global_params, weights @ sent, round=round)  # FedAMS on sum_k p_k c_k
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "errors": {i: e.clone() for i, e in self.errors.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.errors = {int(i): e.clone() for i, e in state["errors"].items()}

@@ -1,0 +1,135 @@
+"""Server optimizers on the pseudo-gradient: FedAvgM (Hsu 2019) and FedOpt (Reddi 2021).
+
+The clients' weighted mean update g = sum_k p_k Delta_k (the base class's `update`,
+pointing up the change) is treated as a gradient step for a server optimizer with state
+that persists across rounds. Only `server_update` differs from FedAvg, so `last_weights`
+stay the plain client weights p.
+
+FedOpt (Reddi et al. 2021, Algorithm 2): m <- b1 m + (1-b1) g; v by the Adam, Yogi or
+Adagrad rule; w <- w + lr m / (sqrt(v) + tau). Paper form: no bias correction, m starts
+at 0 and v at tau^2 (Alg. 2 line 1: v_{-1} >= tau^2). `bias_correction: true` is the
+Adam-style form of the FedCAMS code (SPEC "FedOpt"): m / (1 - b1^r), v / (1 - b2^r) with
+r the number of server steps taken, and v starting at 0 like that code's exp_avg_sq.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedagg.aggregators.base import Aggregator
+
+
+def _check(key: str, value: float, ok: bool, allowed: str) -> float:
+    if not ok:
+        raise ValueError(f"aggregator.{key}={value!r} is not allowed; {allowed}")
+    return float(value)
+
+
+def _check_bool(key: str, value: bool) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"aggregator.{key}={value!r} is not allowed; it must be true or false")
+    return value
+
+
+def _check_beta(key: str, value: float) -> float:
+    return _check(key, value, 0 <= value < 1, "it must be in [0, 1)")
+
+
+def _clone(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.clone()
+
+
+class FedAvgM(Aggregator):
+    """`conf/aggregator/fedavgm.yaml`: b <- momentum * b + g; w <- w + lr * b (Hsu et al. 2019)."""
+
+    def __init__(self, weighting: str = "samples", lr: float = 1.0, momentum: float = 0.9) -> None:
+        super().__init__(weighting)
+        self.lr = _check("lr", lr, lr > 0, "it must be > 0")
+        self.momentum = _check_beta("momentum", momentum)
+        self.b: Tensor | None = None  # [P] server velocity; zeros before the first round
+
+    def server_update(self, global_params: Tensor, update: Tensor, *, round: int) -> Tensor:
+        b = torch.zeros_like(update) if self.b is None else self.b
+        self.b = self.momentum * b + update  # velocity, no (1 - momentum) damping (Hsu 2019, SPEC)
+        return global_params + self.lr * self.b
+
+    def state_dict(self) -> dict:
+        return {"b": _clone(self.b)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.b = _clone(state["b"])
+
+
+class FedOpt(Aggregator):
+    """Adaptive server step w + lr * m / (sqrt(v) + tau); a subclass gives the v rule."""
+
+    def __init__(
+        self,
+        weighting: str = "samples",
+        lr: float = 1e-2,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        tau: float = 1e-3,
+        bias_correction: bool = False,
+    ) -> None:
+        super().__init__(weighting)
+        self.lr = _check("lr", lr, lr > 0, "it must be > 0")
+        self.beta1 = _check_beta("beta1", beta1)
+        self.beta2 = _check_beta("beta2", beta2)
+        self.tau = _check("tau", tau, tau >= 0, "it must be >= 0")
+        self.bias_correction = _check_bool("bias_correction", bias_correction)
+        self.m: Tensor | None = None  # [P] first moment
+        self.v: Tensor | None = None  # [P] second moment
+        self.steps = 0  # server steps taken: r of the bias correction
+
+    def second_moment(self, v: Tensor, g2: Tensor) -> Tensor:
+        """v after one squared pseudo-gradient g2 = g^2 (Alg. 2 lines 12-14)."""
+        raise NotImplementedError
+
+    def advance(self, update: Tensor) -> tuple[float, float]:
+        """One optimizer step on g = update; returns the bias-correction divisors of m and v."""
+        if self.m is None:
+            self.m = torch.zeros_like(update)
+            self.v = torch.full_like(update, 0.0 if self.bias_correction else self.tau**2)
+        self.steps += 1
+        self.m = self.beta1 * self.m + (1 - self.beta1) * update  # Alg. 2 line 11
+        self.v = self.second_moment(self.v, update * update)  # Alg. 2 lines 12-14
+        if not self.bias_correction:
+            return 1.0, 1.0
+        return 1 - self.beta1**self.steps, 1 - self.beta2**self.steps
+
+    def server_update(self, global_params: Tensor, update: Tensor, *, round: int) -> Tensor:
+        c1, c2 = self.advance(update)
+        # With tau = 0 an element whose g was always 0 has v = 0 and m = 0: clamping the
+        # denominator to the smallest normal float makes that step 0 and changes no other.
+        denom = ((self.v / c2).sqrt() + self.tau).clamp_min(torch.finfo(update.dtype).tiny)
+        return global_params + self.lr * (self.m / c1) / denom  # Alg. 2 line 15
+
+    def state_dict(self) -> dict:
+        return {"m": _clone(self.m), "v": _clone(self.v), "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.m, self.v = _clone(state["m"]), _clone(state["v"])
+        self.steps = int(state["steps"])
+
+
+class FedAdam(FedOpt):
+    """`conf/aggregator/fedadam.yaml`."""
+
+    def second_moment(self, v: Tensor, g2: Tensor) -> Tensor:
+        return self.beta2 * v + (1 - self.beta2) * g2  # Alg. 2 line 14
+
+
+class FedYogi(FedOpt):
+    """`conf/aggregator/fedyogi.yaml`."""
+
+    def second_moment(self, v: Tensor, g2: Tensor) -> Tensor:
+        return v - (1 - self.beta2) * g2 * torch.sign(v - g2)  # Alg. 2 line 13
+
+
+class FedAdagrad(FedOpt):
+    """`conf/aggregator/fedadagrad.yaml` (beta2 is used only by bias_correction)."""
+
+    def second_moment(self, v: Tensor, g2: Tensor) -> Tensor:
+        return v + g2  # Alg. 2 line 12
