@@ -33,7 +33,7 @@ from fedagg.federation import (
     resolve_device,
 )
 from fedagg.seeding import generator
-from fedagg.simulation import Federation, run_federation
+from fedagg.simulation import Federation, check_requirements, run_federation
 from fedagg.tracking.files import write_json
 
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine")
@@ -114,6 +114,7 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
         val_frac = effective_val_frac(trainer.val_frac, aggregator)
         clients = make_clients([pool[p] for p in parts], val_frac, settings.seed, device)
         fed = Federation(data, model, clients, aggregator, trainer, engine, tracker, server_idx.to(device))
+        check_requirements(fed)
     except Exception as err:
         if previous is None:  # never overwrite what an earlier run of this directory recorded
             run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,154 @@
+"""Runs that survive: kill and resume, interrupts, divergence, failing sweep jobs, bad input."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT, compose_config
+from fedagg.aggregators.base import Aggregator
+from fedagg.run import train
+
+TESTS = str(ROOT / "tests")
+SLOW_RUN = ["rounds=30", "device=cpu", "client.local_epochs=4", "checkpoint_every=2"]
+
+
+class NaNAtRound2(Aggregator):
+    def server_update(self, global_params, update, *, round):
+        return global_params + update * (float("nan") if round == 2 else 1.0)
+
+
+class Boom(Aggregator):
+    def server_update(self, global_params, update, *, round):
+        raise RuntimeError("boom in round %d" % round)
+
+
+def _rows(path):
+    with open(path) as f:
+        return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in csv.DictReader(f)]
+
+
+def _start(run_dir, *overrides):
+    env = dict(os.environ, PYTHONPATH=TESTS)
+    cmd = [sys.executable, "-m", "fedagg.run", *SLOW_RUN, f"hydra.run.dir={run_dir}", *overrides]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for(path, proc, timeout=120):
+    end = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.time() < end, "no checkpoint appeared"
+        time.sleep(0.01)
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
+    reference = tmp_path / "reference"
+    train(compose_config(*SLOW_RUN), reference)
+    killed = tmp_path / "killed"
+    proc = _start(killed)
+    _wait_for(killed / "checkpoint.pt", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = torch.load(killed / "checkpoint.pt", weights_only=False)["round"]
+    assert saved < 30 and not (killed / "summary.json").exists()  # it really died mid-run
+    summary = train(compose_config(*SLOW_RUN, "resume=true"), killed)
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 30
+    # every column but the wall-clock one is identical to the run that was never stopped
+    assert _rows(killed / "metrics.csv") == _rows(reference / "metrics.csv")
+    assert (killed / "weights.csv").read_text() == (reference / "weights.csv").read_text()
+    a, b = torch.load(killed / "model.pt"), torch.load(reference / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigint_writes_interrupted_summary_and_a_resumable_checkpoint(tmp_path):
+    proc = _start(tmp_path)
+    _wait_for(tmp_path / "checkpoint.pt", proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) != 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 0 < summary["rounds_completed"] < 30
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert ckpt["round"] == summary["rounds_completed"]
+    assert len(_rows(tmp_path / "metrics.csv")) == summary["rounds_completed"]
+    resumed = train(compose_config(*SLOW_RUN, "resume=true"), tmp_path)
+    assert resumed["status"] == "completed"
+    assert [int(r["round"]) for r in _rows(tmp_path / "metrics.csv")] == list(range(1, 31))
+
+
+def test_resume_skips_a_completed_run_and_refuses_a_changed_config(tmp_path):
+    first = train(compose_config("rounds=2", "device=cpu"), tmp_path)
+    before = (tmp_path / "metrics.csv").read_text()
+    again = train(compose_config("rounds=2", "device=cpu", "resume=true"), tmp_path)
+    assert again["wall_time_s"] == first["wall_time_s"] and (tmp_path / "metrics.csv").read_text() == before
+    (tmp_path / "summary.json").unlink()  # as if stopped before the end: only the checkpoint is left
+    with pytest.raises(ValueError, match=r"configuration differs from the checkpoint's in client.lr"):
+        train(compose_config("rounds=2", "device=cpu", "resume=true", "client.lr=0.1"), tmp_path)
+
+
+def test_injected_nan_stops_the_run_as_diverged(tmp_path):
+    summary = train(compose_config("rounds=5", "device=cpu", f"aggregator._target_={__name__}.NaNAtRound2"), tmp_path)
+    assert summary["status"] == "diverged" and summary["diverged_round"] == 2 and summary["rounds_completed"] == 2
+    rows = _rows(tmp_path / "metrics.csv")
+    assert [r["round"] for r in rows] == ["1", "2"] and rows[1]["test_acc"] == ""
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_a_failing_job_is_recorded_and_the_sweep_finishes_the_others(tmp_path):
+    targets = f"fedagg.aggregators.base.FedAvg,{__name__}.Boom,fedagg.aggregators.base.FedAvg"
+    cmd = [sys.executable, "-m", "fedagg.run", "-m", "rounds=1", "device=cpu", f"hydra.sweep.dir={tmp_path}",
+           f"aggregator._target_={targets}"]
+    subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=TESTS), capture_output=True)
+    status = [json.loads((tmp_path / str(i) / "summary.json").read_text())["status"] for i in range(3)]
+    assert status == ["completed", "failed", "completed"]
+    failed = json.loads((tmp_path / "1" / "summary.json").read_text())
+    assert "boom in round 1" in failed["error"]
+
+
+BAD_INPUT = [
+    ("rounds=0", r"^rounds=0 is not allowed; it must be an integer >= 1$"),
+    ("num_clients=0", r"^num_clients=0 is not allowed"),
+    ("clients_per_round=11", r"^clients_per_round=11 is not allowed; it must be an integer from 1 to num_clients=10"),
+    ("eval_every=0", r"^eval_every=0 is not allowed"),
+    ("target_acc=1.5", r"^target_acc=1.5 is not allowed; it must be a fraction in \(0, 1\]"),
+    ("device=tpu", r"^device='tpu' is not allowed; choose one of auto, cpu, cuda$"),
+    ("checkpoint_every=-1", r"^checkpoint_every=-1 is not allowed"),
+    ("seed=abc", r"^seed='abc' is not allowed; it must be an integer$"),
+    ("aggregator.weighting=size", r"^aggregator.weighting='size' is not allowed; choose one of samples, uniform$"),
+    ("client.lr=-0.1", r"^client.lr=-0.1 is not allowed"),
+    ("client.momentum=1.5", r"^client.momentum=1.5 is not allowed; it must be in \[0, 1\)$"),
+    ("client.schedule=cosine", r"^client.schedule='cosine' is not allowed; choose one of constant, exponential, multistep$"),
+    ("client.batch_size=0", r"^client.batch_size=0 is not allowed"),
+    ("client.val_frac=1.0", r"^client.val_frac=1.0 is not allowed"),
+    ("logger=wandb logger.mode=maybe", r"^logger.mode='maybe' is not allowed; choose one of online, offline, disabled$"),
+    ("engine.eval_batch_size=0", r"^engine.eval_batch_size=0 is not allowed"),
+    ("client/objective=fedprox client.objective.mu=-1", r"^client.objective.mu=-1 is not allowed"),
+    ("aggregator=abavg client.val_frac=0.0", r"val_source=local\), but client.val_frac=0.0; set client.val_frac"),
+    ("partition.alpha=0", r"alpha=0 is not allowed"),
+    ("partition=n_class partition.classes_per_client=11", r"classes_per_client=11 is not allowed"),
+    ("num_clients=5000", r"num_clients=5000 is not allowed"),
+    ("dataset=cifar10 data.root=/nonexistent", r"cifar10 not found: no such folder in /nonexistent/cifar-10-batches-py"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD_INPUT, ids=[b for b, _ in BAD_INPUT])
+def test_bad_input_gets_its_own_message_before_training(tmp_path, overrides, message):
+    with pytest.raises(ValueError) as info:  # SetupError, what the command line prints
+        train(compose_config("rounds=1", "device=cpu", *overrides.split()), tmp_path)
+    assert type(info.value).__name__ == "SetupError"
+    assert __import__("re").search(message, str(info.value)), str(info.value)
+    assert not (tmp_path / "metrics.csv").exists() and not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_command_line_prints_only_the_message(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fedagg.run", "client.momentum=1.5", f"hydra.run.dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(out) == 1 and out[0].endswith("client.momentum=1.5 is not allowed; it must be in [0, 1)")
