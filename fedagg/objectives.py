@@ -20,6 +20,7 @@ class Objective:
     """Plain empirical risk: nothing added, nothing kept."""
 
     stateful = False
+    pairs_with: str | None = None  # the aggregator this client half belongs with (FedDyn)
 
     def penalty(self, params: list[Tensor], anchor: list[Tensor], state: list[Tensor] | None) -> Tensor | None:
         """Term added to the batch loss; `anchor` is the round's global model, `state` this client's."""
@@ -60,6 +61,7 @@ class FedDyn(Objective):
     """
 
     stateful = True
+    pairs_with = "feddyn"
 
     def __init__(self, alpha: float = 0.01) -> None:
         if not alpha > 0:

@@ -29,7 +29,7 @@ from fedagg.params import ParamLayout, get_buffers, get_params, set_buffers, set
 from fedagg.tracking.base import Tracker
 from fedagg.tracking.files import CSVLog, clean_number, write_json
 
-PROVIDED = frozenset({"val_acc"})
+PROVIDED = frozenset({"val_acc", "label_hist", "server_data"})
 log = logging.getLogger(__name__)
 
 
@@ -45,12 +45,27 @@ class Federation:
     server_idx: Tensor | None = None  # training-pool samples the server holds out (never a client's)
 
 
+def check_pairing(aggregator: Aggregator, objective) -> None:
+    """A server half (FedDyn) runs only with its client half, and with the same alpha."""
+    server, client = getattr(aggregator, "pairs_with", None), getattr(objective, "pairs_with", None)
+    if server != client:
+        needed = f"client/objective={server}" if server else f"aggregator={client}"
+        raise ValueError(f"aggregator {type(aggregator).__name__} and client objective {type(objective).__name__} "
+                         f"do not belong together; use {needed}")
+    if server and getattr(aggregator, "alpha", None) != getattr(objective, "alpha", None):
+        raise ValueError(f"aggregator.alpha={aggregator.alpha} and client.objective.alpha={objective.alpha} "
+                         "must be equal: both halves of the method use the same alpha")
+
+
 def check_requirements(fed: Federation) -> None:
     """Fail before training when the aggregator needs something this setup cannot give."""
     agg = fed.aggregator
     missing = set(agg.requires) - PROVIDED
     if missing:
         raise ValueError(f"aggregator requires {sorted(missing)}, which the round loop cannot provide")
+    check_pairing(agg, fed.trainer.objective)
+    if "server_data" in agg.requires and (fed.server_idx is None or fed.server_idx.numel() == 0):
+        raise ValueError(f"aggregator {type(agg).__name__} needs server data but no server split was held out")
     if "val_acc" not in agg.requires:
         return
     source = getattr(agg, "val_source", "local")
@@ -77,6 +92,12 @@ def validation_indices(fed: Federation, chosen: list[ClientData]) -> list[Tensor
     return [c.val_idx for c in chosen]
 
 
+def label_histograms(fed: Federation) -> Tensor:
+    """[num_clients, C] class counts of every client's training samples."""
+    labels = fed.data.train_y
+    return torch.stack([torch.bincount(labels[c.train_idx], minlength=fed.data.num_classes) for c in fed.clients]).float()
+
+
 class RoundLoop:
     def __init__(self, fed: Federation, settings: Settings, run_dir: Path, summary_base: dict) -> None:
         check_requirements(fed)
@@ -89,6 +110,20 @@ class RoundLoop:
         self.summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
                             rounds_completed=0, rounds_to_target=None, target_acc=settings.target_acc)
         self.next_round, self.elapsed_before = 1, 0.0
+        self.label_hist = label_histograms(fed) if "label_hist" in fed.aggregator.requires else None
+        self.summary["server_samples"] = 0 if fed.server_idx is None else int(fed.server_idx.numel())
+        self.summary["uses_extra_data"] = bool(getattr(fed.aggregator, "uses_extra_data", False))
+
+    def extras(self, ids: list[int]) -> dict:
+        """What the aggregator declared in `requires` beyond validation accuracy."""
+        fed, extra = self.fed, {}
+        if self.label_hist is not None:
+            extra.update(label_hist=self.label_hist[ids], global_label_hist=self.label_hist.sum(0))
+        if "server_data" in fed.aggregator.requires:
+            set_buffers(fed.model, self.buffers)
+            extra.update(server_x=fed.data.prepare(fed.data.train_x[fed.server_idx]),
+                         server_y=fed.data.train_y[fed.server_idx], model=fed.model)
+        return extra
 
     # -- checkpoints ---------------------------------------------------------------------
     def state(self, elapsed: float) -> dict:
@@ -124,7 +159,7 @@ class RoundLoop:
         num_samples = self.all_num_samples[ids]
         new_params = fed.aggregator.aggregate(
             self.params, result.params, num_samples, client_ids=torch.tensor(ids, device=self.device), round=r,
-            layout=self.layout, val_acc=result.val_acc, all_num_samples=self.all_num_samples,
+            layout=self.layout, val_acc=result.val_acc, all_num_samples=self.all_num_samples, **self.extras(ids),
         )
         data_weights = sample_weights(num_samples)
         weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights

@@ -92,3 +92,47 @@ def test_diagnostics_on_hand_made_updates():
     assert d["update_norm"] == pytest.approx(2.5) and d["client_update_norm"] == pytest.approx(2.5)
     assert weight_spread(torch.tensor([1.0, 0.0]))["weight_entropy"] == 0.0  # 0 log 0 = 0, not NaN
     assert weight_spread(torch.full((4,), 0.25))["weight_entropy"] == pytest.approx(math.log(4))
+
+
+class RecordingHistAndServer(Aggregator):
+    """Asks for label histograms and 50 server samples; remembers what it was given."""
+
+    requires = frozenset({"label_hist", "server_data"})
+    server_samples = 50
+    uses_extra_data = True
+    seen: list = []
+
+    def client_weights(self, num_samples, *, label_hist, global_label_hist, server_x, server_y, model, **context):
+        RecordingHistAndServer.seen.append((label_hist.clone(), global_label_hist.clone(), server_x.shape, server_y.clone()))
+        return super().client_weights(num_samples)
+
+
+class PairedServer(Aggregator):
+    pairs_with = "feddyn"
+    alpha = 0.01
+
+
+def test_label_histograms_and_server_data_reach_the_aggregator(tmp_path):
+    RecordingHistAndServer.seen = []
+    cfg = compose_config("rounds=1", "device=cpu", "clients_per_round=4",
+                         f"aggregator._target_={__name__}.RecordingHistAndServer", "~aggregator.weighting")
+    summary = train(cfg, tmp_path)
+    part = json.loads((tmp_path / "partition.json").read_text())
+    hist, global_hist, x_shape, y = RecordingHistAndServer.seen[0]
+    chosen = [int(r["client"]) for r in _rows(tmp_path / "weights.csv")]
+    assert hist.tolist() == [[float(c) for c in part["clients"][i]["class_counts"]] for i in chosen]
+    assert global_hist.tolist() == [float(sum(c["class_counts"][j] for c in part["clients"])) for j in range(10)]
+    assert x_shape == (50, 1, 8, 8) and y.shape == (50,) and part["total"] == 1437 - 50
+    assert summary["server_samples"] == 50 and summary["uses_extra_data"] is True
+
+
+def test_server_half_without_its_client_half_is_refused(tmp_path):
+    agg = f"aggregator._target_={__name__}.PairedServer"
+    with pytest.raises(ValueError, match=r"do not belong together; use client/objective=feddyn"):
+        train(compose_config("rounds=1", agg), tmp_path / "a")
+    with pytest.raises(ValueError, match=r"do not belong together; use aggregator=feddyn"):
+        train(compose_config("rounds=1", "client/objective=feddyn"), tmp_path / "b")
+    with pytest.raises(ValueError, match=r"client.objective.alpha=0.1 must be equal"):
+        train(compose_config("rounds=1", agg, "client/objective=feddyn", "client.objective.alpha=0.1"), tmp_path / "c")
+    ok = train(compose_config("rounds=1", "device=cpu", agg, "client/objective=feddyn"), tmp_path / "d")
+    assert ok["status"] == "completed"

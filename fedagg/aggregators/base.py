@@ -35,6 +35,8 @@ class Aggregator:
     requires: frozenset[str] = frozenset()
     # a method whose paper tests another model than the one it sends to clients sets this each round
     eval_params: Tensor | None = None
+    # the client objective this server half belongs with (FedDyn), None for any objective
+    pairs_with: str | None = None
 
     def __init__(self, weighting: str = "samples") -> None:
         if weighting not in WEIGHTINGS:
