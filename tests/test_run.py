@@ -97,3 +97,12 @@ def test_mnist_from_shared_raw_files_two_classes_per_client(tmp_path, monkeypatc
     part = json.loads((tmp_path / "run" / "partition.json").read_text())
     assert all(sum(1 for c in client["class_counts"] if c > 0) == 2 for client in part["clients"])
     assert summary["final_test_acc"] > 0.2
+
+
+def test_wandb_that_cannot_start_warns_and_the_run_goes_on(tmp_path, small_run, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc: no stored key
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # and nothing listening
+    with pytest.warns(UserWarning, match="W&B could not start"):
+        summary = train(compose_config(*small_run, "logger=wandb", "logger.mode=online"), tmp_path / "run")
+    assert summary["status"] == "completed" and (tmp_path / "run" / "metrics.csv").exists()
