@@ -186,3 +186,13 @@ def test_resumed_stateful_aggregator_continues_bit_for_bit(tmp_path, aggregator)
     assert _rows(tmp_path / "stopped" / "metrics.csv") == _rows(reference / "metrics.csv")
     a, b = torch.load(tmp_path / "stopped" / "model.pt"), torch.load(reference / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_deterministic_flag_turns_on_torch_deterministic_kernels(tmp_path):
+    try:
+        a = train(compose_config("rounds=2", "device=cpu", "deterministic=true", "model=resnet20", "client.local_epochs=1"), tmp_path / "a")
+        assert torch.are_deterministic_algorithms_enabled() and a["status"] == "completed"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    b = train(compose_config("rounds=2", "device=cpu", "model=resnet20", "client.local_epochs=1"), tmp_path / "b")
+    assert _rows(tmp_path / "a" / "metrics.csv") == _rows(tmp_path / "b" / "metrics.csv")  # the CPU already was
