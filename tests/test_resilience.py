@@ -196,3 +196,15 @@ def test_deterministic_flag_turns_on_torch_deterministic_kernels(tmp_path):
         torch.use_deterministic_algorithms(False)
     b = train(compose_config("rounds=2", "device=cpu", "model=resnet20", "client.local_epochs=1"), tmp_path / "b")
     assert _rows(tmp_path / "a" / "metrics.csv") == _rows(tmp_path / "b" / "metrics.csv")  # the CPU already was
+
+
+def test_relaunched_sweep_with_resume_skips_completed_runs_and_finishes_the_rest(tmp_path):
+    cmd = [sys.executable, "-m", "fedagg.run", "-m", "rounds=3", "device=cpu", "seed=0,1", f"hydra.sweep.dir={tmp_path}"]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    done = json.loads((tmp_path / "0" / "summary.json").read_text())
+    (tmp_path / "1" / "summary.json").unlink()  # job 1 as if killed after its last checkpoint
+    subprocess.run(cmd + ["resume=true"], cwd=ROOT, check=True, capture_output=True)
+    assert json.loads((tmp_path / "0" / "summary.json").read_text())["wall_time_s"] == done["wall_time_s"]
+    again = json.loads((tmp_path / "1" / "summary.json").read_text())
+    assert again["status"] == "completed" and again["rounds_completed"] == 3
+    assert [r["round"] for r in _rows(tmp_path / "1" / "metrics.csv")] == ["1", "2", "3"]
