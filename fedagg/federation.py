@@ -5,6 +5,7 @@ Everything here is plain Python called by `fedagg.run` (the Hydra edge) or by te
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -119,3 +120,18 @@ def hold_out_server_split(num_train: int, server_samples: int, seed: int) -> tup
         return torch.arange(0), torch.arange(num_train)
     order = torch.randperm(num_train, generator=generator(seed, "server_split"))
     return order[:server_samples].sort().values, order[server_samples:].sort().values
+
+
+def shrink(parts: list[Tensor], test_size: int, scale: float, seed: int) -> tuple[list[Tensor], Tensor | None]:
+    """`experiment_scale` < 1 for a quick check: each client keeps that share of its samples
+    (at least one) and the test set shrinks alike, so any partition stays feasible."""
+    if scale >= 1:
+        return parts, None
+    g = generator(seed, "scale")
+    kept = [p[torch.randperm(p.numel(), generator=g)[: max(1, math.ceil(scale * p.numel()))]].sort().values for p in parts]
+    test = torch.randperm(test_size, generator=g)[: max(1, math.ceil(scale * test_size))].sort().values
+    return kept, test
+
+
+def scaled_rounds(rounds: int, scale: float) -> int:
+    return max(1, math.ceil(rounds * min(scale, 1.0)))

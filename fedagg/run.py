@@ -31,6 +31,8 @@ from fedagg.federation import (
     hold_out_server_split,
     make_clients,
     resolve_device,
+    scaled_rounds,
+    shrink,
 )
 from fedagg.seeding import generator
 from fedagg.simulation import Federation, check_requirements, run_federation
@@ -45,8 +47,12 @@ class SetupError(ValueError):
 
 
 def settings_from(cfg: DictConfig) -> Settings:
-    keys = ("seed", "rounds", "num_clients", "clients_per_round", "eval_every", "target_acc", "checkpoint_every")
-    return Settings(**{k: cfg[k] for k in keys})
+    keys = ("seed", "num_clients", "clients_per_round", "eval_every", "target_acc", "checkpoint_every")
+    scale = cfg.experiment_scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1:
+        raise ValueError(f"experiment_scale={scale!r} is not allowed; it must be a fraction in (0, 1]")
+    rounds = scaled_rounds(cfg.rounds, scale) if isinstance(cfg.rounds, int) and cfg.rounds >= 1 else cfg.rounds
+    return Settings(rounds=rounds, **{k: cfg[k] for k in keys})
 
 
 def _user_error(err: Exception) -> Exception | None:
@@ -75,7 +81,8 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
     """Run (or resume) one experiment described by a composed config; write its files to run_dir."""
     run_dir = Path(run_dir)
     config = OmegaConf.to_container(cfg, resolve=True)
-    summary_base = {"seed": cfg.seed, "choices": choices or {}, "config": config}
+    summary_base = {"seed": cfg.seed, "choices": choices or {}, "config": config,
+                    "experiment_scale": cfg.experiment_scale}
     previous = _read_summary(run_dir)
     if cfg.resume and previous is not None and previous.get("status") == "completed":
         log.info("%s already completed; skipping it (resume=true)", run_dir)
@@ -108,6 +115,9 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
         )
         pool_labels = bundle.train_y[pool]
         parts = partition(pool_labels, settings.num_clients, generator=generator(settings.seed, "partition"))
+        parts, test_subset = shrink(parts, bundle.test_y.numel(), cfg.experiment_scale, settings.seed)
+        if test_subset is not None:
+            bundle.test_x, bundle.test_y = bundle.test_x[test_subset], bundle.test_y[test_subset]
         save_partition_report(partition_stats(pool_labels, parts, bundle.num_classes), run_dir)
         model = build_model(model_factory, bundle, settings.seed, device)
         data = DeviceData(bundle, device, model.input_shape)

@@ -80,3 +80,13 @@ def test_bad_top_level_values_are_rejected_before_data(tmp_path, bad, message):
         train(compose_config("rounds=1", bad), tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
     assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_experiment_scale_shrinks_rounds_client_data_and_test_set(tmp_path):
+    full = train(compose_config("rounds=4", "device=cpu"), tmp_path / "full")
+    quick = train(compose_config("rounds=4", "device=cpu", "experiment_scale=0.25"), tmp_path / "quick")
+    assert full["rounds_completed"] == 4 and quick["rounds_completed"] == 1 and quick["experiment_scale"] == 0.25
+    sizes = lambda d: [c["size"] for c in json.loads((tmp_path / d / "partition.json").read_text())["clients"]]  # noqa: E731
+    assert sizes("quick") == [-(-n // 4) for n in sizes("full")]  # ceil(n / 4) of each client's samples
+    with pytest.raises(ValueError, match=r"experiment_scale=2.0 is not allowed"):
+        train(compose_config("rounds=1", "experiment_scale=2.0"), tmp_path / "bad")
