@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,13 @@ def get_params(module: nn.Module) -> Tensor:
 
 
 def set_params(module: nn.Module, flat: Tensor) -> None:
+    """Copy `flat` into the parameters. (torch's vector_to_parameters would make them views of
+    `flat`, so local training would write into the caller's global vector.)"""
+    offset = 0
     with torch.no_grad():
-        vector_to_parameters(flat, module.parameters())
+        for p in module.parameters():
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 def get_buffers(module: nn.Module) -> Tensor:

@@ -90,3 +90,32 @@ def test_experiment_scale_shrinks_rounds_client_data_and_test_set(tmp_path):
     assert sizes("quick") == [-(-n // 4) for n in sizes("full")]  # ceil(n / 4) of each client's samples
     with pytest.raises(ValueError, match=r"experiment_scale=2.0 is not allowed"):
         train(compose_config("rounds=1", "experiment_scale=2.0"), tmp_path / "bad")
+
+
+def test_set_params_copies_so_training_never_writes_into_the_global_vector():
+    model = nn.Linear(2, 2)
+    flat = torch.arange(6, dtype=torch.float32)
+    set_params(model, flat)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    assert torch.equal(flat, torch.arange(6, dtype=torch.float32))
+
+
+def test_every_client_starts_from_the_global_model(tmp_path):
+    from fedagg.client import ClientData, LocalSGD
+    from fedagg.engine import SequentialEngine
+    from types import SimpleNamespace
+
+    x = torch.randn(8, 3)
+    y = torch.tensor([0, 1] * 4)
+    data = SimpleNamespace(device=torch.device("cpu"), train_batch=lambda idx, g=None: (x[idx], y[idx]))
+    model = nn.Linear(3, 2)
+    w = get_params(model)
+    before = w.clone()
+    same = torch.arange(8)
+    clients = [ClientData(0, same, same[:0]), ClientData(1, same, same[:0])]
+    # identical data; batch order depends on the client id, so use one full batch: both must end equal
+    result = SequentialEngine().train_round(model, w, get_buffers(model), clients, LocalSGD(batch_size=8), data,
+                                            lr=0.1, seed=0, round=1)
+    assert torch.equal(w, before)
+    assert torch.equal(result.params[0], result.params[1]) and not torch.equal(result.params[0], w)
