@@ -1,0 +1,131 @@
+"""FedLAW (Li et al. 2023, ICML, "Revisiting weighted aggregation in FL with neural networks").
+
+The server learns, on a small proxy set of its own, a global shrink factor γ and client
+weights λ = softmax(x) so that the model γ Σ_k λ_k W_k has the lowest cross-entropy there
+(SPEC "Baselines"). Only γ and x are trained: the client models are constants, and the
+network is evaluated at the merged vector through `torch.func.functional_call`, so the
+module's own parameters and buffers are never touched.
+
+Choices taken from the authors' released code (ICML-2023-FedLAW, server_funct.py, the
+default `server_funct=exp`, `whether_swa=none`), since SPEC leaves them open:
+- γ = exp(g) keeps the factor positive; g starts at 0 (γ = 1) and x at log D_k
+  (λ = the FedAvg weights; `init_weights: uniform` starts at x = 0), fresh every round, so
+  there is no server state.
+- Adam with betas (0.5, 0.999), lr 0.01 (their CIFAR-10 value), halved every 20 epochs.
+- Shuffled minibatches of the proxy set; BatchNorm normalises with batch statistics (the
+  authors train in train mode) on a copy of the global running statistics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call
+
+from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.params import ParamLayout
+
+INITS = ("samples", "uniform")
+
+
+def _bad(key: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"aggregator.{key}={value!r} is not allowed; {allowed}")
+
+
+def _int(key: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _bad(key, value, f"use an integer >= {low}")
+    return value
+
+
+def _float(key: str, value: Any, ok, allowed: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise _bad(key, value, allowed)
+    return float(value)
+
+
+class FedLAW(Aggregator):
+    """`conf/aggregator/fedlaw.yaml`: new global γ Σ_k λ_k W_k with (γ, λ) fitted on server data."""
+
+    requires = frozenset({"server_data"})
+    uses_extra_data = True  # the summary marks the run: reported for reference only
+
+    def __init__(
+        self,
+        proxy_size: int = 200,
+        server_epochs: int = 100,
+        server_lr: float = 0.01,
+        betas: tuple[float, float] = (0.5, 0.999),
+        server_batch_size: int = 128,
+        lr_decay_every: int = 20,
+        lr_decay: float = 0.5,
+        init_weights: str = "samples",
+    ) -> None:
+        super().__init__()
+        self.server_samples = _int("proxy_size", proxy_size, 1)  # the loop holds these out of every client
+        self.server_epochs = _int("server_epochs", server_epochs, 1)
+        self.server_lr = _float("server_lr", server_lr, lambda v: 0 < v < float("inf"), "use a finite number > 0, e.g. 0.01")
+        pair = tuple(betas) if hasattr(betas, "__iter__") and not isinstance(betas, str) else ()  # YAML gives a ListConfig
+        if len(pair) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in pair):
+            raise _bad("betas", betas, "use two numbers in [0, 1), e.g. [0.5, 0.999]")
+        self.betas = tuple(float(b) for b in pair)
+        self.server_batch_size = _int("server_batch_size", server_batch_size, 0)  # 0: the whole proxy set
+        self.lr_decay_every = _int("lr_decay_every", lr_decay_every, 1)
+        self.lr_decay = _float("lr_decay", lr_decay, lambda v: 0 < v <= 1, "use a number in (0, 1]; 1 keeps the lr fixed")
+        if init_weights not in INITS:
+            raise _bad("init_weights", init_weights, f"choose one of {', '.join(INITS)}")
+        self.init_weights = init_weights
+        self.last_gamma: float | None = None  # the learned shrink factor, for diagnostics
+
+    def batches(self, num: int, generator: torch.Generator, device) -> list[Tensor]:
+        """This epoch's minibatches: a shuffle seeded by the round (reproducible on resume), split evenly
+        so that no batch holds a single sample (BatchNorm in train mode cannot normalise one)."""
+        if self.server_batch_size == 0 or self.server_batch_size >= num:
+            return [torch.arange(num, device=device)]
+        order = torch.randperm(num, generator=generator).to(device)
+        return list(order.tensor_split(-(-num // self.server_batch_size)))
+
+    def aggregate(
+        self,
+        global_params: Tensor,
+        client_params: Tensor,
+        num_samples: Tensor,
+        *,
+        client_ids: Tensor,
+        round: int,
+        layout: ParamLayout | None = None,
+        val_acc: Tensor | None = None,
+        **extra: Any,
+    ) -> Tensor:
+        x_srv, y_srv, model = extra.get("server_x"), extra.get("server_y"), extra.get("model")
+        if x_srv is None or y_srv is None or model is None or layout is None:
+            raise ValueError("fedlaw needs server_x, server_y, model and layout (it declares requires={'server_data'})")
+        W = client_params.detach()  # constants: only γ and x are learned
+        buffers = {name: b.detach().clone() for name, b in model.named_buffers()}  # BatchNorm updates the copies
+        D = sample_weights(num_samples).to(W.device)
+        x = (D.log() if self.init_weights == "samples" else torch.zeros_like(D)).requires_grad_(True)
+        g = torch.zeros((), device=W.device, requires_grad=True)  # γ = exp(g) = 1 at the start
+        opt = torch.optim.Adam([x, g], lr=self.server_lr, betas=self.betas)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=self.lr_decay_every, gamma=self.lr_decay)
+        shuffle = torch.Generator().manual_seed(round)
+        was_training = model.training
+        model.train()  # batch statistics in BatchNorm, as the authors' server training does
+        try:
+            with torch.enable_grad():
+                for _ in range(self.server_epochs):
+                    for idx in self.batches(y_srv.numel(), shuffle, y_srv.device):
+                        merged = g.exp() * (torch.softmax(x, dim=0) @ W)  # γ Σ_k λ_k W_k
+                        params = {n: merged[s].view(shape) for n, s, shape in zip(layout.names, layout.slices, layout.shapes)}
+                        loss = F.cross_entropy(functional_call(model, {**params, **buffers}, (x_srv[idx],)), y_srv[idx])
+                        opt.zero_grad()
+                        loss.backward()
+                        opt.step()
+                    sched.step()
+        finally:
+            model.train(was_training)
+        lam, gamma = torch.softmax(x.detach(), dim=0), g.detach().exp()
+        self.last_weights, self.last_gamma = lam, float(gamma)
+        return gamma * (lam @ W)  # new global γ Σ_k λ_k W_k with the learned values
