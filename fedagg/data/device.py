@@ -70,15 +70,32 @@ class DeviceData:
 
 def random_crop_flip(x: Tensor, generator: torch.Generator | None) -> Tensor:
     """Per-sample random crop after zero padding, then a random horizontal flip."""
+    return apply_crop_flip(x, *draw_crop_flip(x.shape[0], generator, x.device))
+
+
+def draw_crop_flip(b: int, generator: torch.Generator | None, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """The random part of `random_crop_flip` for a batch of `b`: offsets oy, ox [b, 1] and flip [b], in that order.
+
+    A parallel engine draws these per client ahead of training, from the same stream and in
+    the same order as a client trained alone, and applies them later to stacked batches.
+    """
+    oy = torch.randint(0, 2 * CROP_PADDING + 1, (b, 1), device=device, generator=generator)
+    ox = torch.randint(0, 2 * CROP_PADDING + 1, (b, 1), device=device, generator=generator)
+    flip = torch.rand(b, device=device, generator=generator) < 0.5
+    return oy, ox, flip
+
+
+def apply_crop_flip(x: Tensor, oy: Tensor, ox: Tensor, flip: Tensor) -> Tensor:
+    """Crop [B, C, H, W] at offsets (oy, ox) [B, 1] of its zero-padded copy, then flip where `flip` [B].
+
+    Pure data movement with zero fill, so it commutes with the uint8 -> float conversion.
+    """
     b, _, h, w = x.shape
     dev = x.device
     padded = F.pad(x, (CROP_PADDING,) * 4)
-    oy = torch.randint(0, 2 * CROP_PADDING + 1, (b, 1), device=dev, generator=generator)
-    ox = torch.randint(0, 2 * CROP_PADDING + 1, (b, 1), device=dev, generator=generator)
     rows = (oy + torch.arange(h, device=dev)).view(b, 1, h, 1)
     cols = (ox + torch.arange(w, device=dev)).view(b, 1, 1, w)
     batch = torch.arange(b, device=dev).view(b, 1, 1, 1)
     chan = torch.arange(x.shape[1], device=dev).view(1, -1, 1, 1)
     cropped = padded[batch, chan, rows, cols]
-    flip = torch.rand(b, device=dev, generator=generator) < 0.5
     return torch.where(flip.view(b, 1, 1, 1), cropped.flip(-1), cropped)
