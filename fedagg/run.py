@@ -166,4 +166,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # Launchers that run jobs in other processes (joblib, submitit) pickle the task. A function
+    # of this __main__ module is pickled by value, which train() cannot be (it reaches
+    # torch.backends.cudnn); the importable fedagg.run.train is pickled by name.
+    from fedagg.run import train  # noqa: F401,F811
+
     main()
