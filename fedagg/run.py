@@ -166,9 +166,10 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    # Launchers that run jobs in other processes (joblib, submitit) pickle the task. A function
-    # of this __main__ module is pickled by value, which train() cannot be (it reaches
-    # torch.backends.cudnn); the importable fedagg.run.train is pickled by name.
-    from fedagg.run import train  # noqa: F401,F811
+    # Launchers that run jobs in other processes (joblib, submitit) pickle the task: functions of
+    # this __main__ copy are pickled by value, which train() cannot be, while fedagg.run's are
+    # pickled by name. Rebinding train (and SetupError, which main() catches) to the importable
+    # module's keeps Hydra's config path relative to this file.
+    from fedagg.run import SetupError, train  # noqa: F401,F811
 
     main()
