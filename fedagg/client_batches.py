@@ -1,0 +1,82 @@
+"""Every batch of a group of clients' local training, drawn ahead and served step by step.
+
+A client trained alone draws, from its own stream `generator(seed, "batches", id, round)`,
+one permutation per local epoch and, when the data is augmented, each batch's crop and
+flip values right before the batch. `BatchPlan` makes exactly those calls in exactly that
+order for each client, then serves step t as one gather per group of clients whose batch
+has the same size: clients are ordered by their number of steps (most first), so the
+clients still training at step t are a prefix, those with a full batch are usually all of
+it, and a client's partial last batch (of n samples) comes in a group of its own size n.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedagg.client import ClientData
+from fedagg.data.device import apply_crop_flip, draw_crop_flip
+from fedagg.seeding import generator
+
+Selection = slice | Tensor  # chunk positions of a group of clients: a range, or an index tensor
+
+
+def num_steps(num_samples: int, batch_size: int, epochs: int) -> int:
+    return epochs * -(-num_samples // batch_size)
+
+
+class BatchPlan:
+    def __init__(self, clients: list[ClientData], data, *, batch_size: int, epochs: int, seed: int, round: int) -> None:
+        """`clients` must be ordered by num_steps, most first."""
+        self.data, self.batch_size = data, batch_size
+        sizes = [c.num_samples for c in clients]
+        self.steps = [num_steps(n, batch_size, epochs) for n in sizes]
+        if any(a < b for a, b in zip(self.steps, self.steps[1:])):
+            raise ValueError("BatchPlan needs clients ordered by their number of steps, most first")
+        order, crops = [], []
+        for client, n in zip(clients, sizes):
+            g = generator(seed, "batches", client.id, round, device=data.device)
+            dev = client.train_idx.device
+            for _ in range(epochs):
+                order.append(client.train_idx[torch.randperm(n, generator=g, device=dev)])
+                if data.augment:  # one draw per batch, as DeviceData.train_batch makes it
+                    crops += [draw_crop_flip(len(b), g, data.device) for b in torch.arange(n).split(batch_size)]
+        self.order = torch.cat(order).to(data.device)  # training-pool index of every sample served, client by client
+        self.crops = None
+        if crops:
+            oy, ox, flip = zip(*crops)
+            self.crops = (torch.cat(oy), torch.cat(ox), torch.cat(flip))
+        # position in `order` of the i-th sample of client k's batch at step t: [T, K, B]
+        n_k = torch.tensor(sizes).view(1, -1, 1)
+        batches_k = -(-n_k // batch_size)
+        offset_k = torch.tensor([0] + sizes[:-1]).cumsum(0).view(1, -1, 1) * epochs
+        t = torch.arange(self.steps[0] if self.steps else 0).view(-1, 1, 1)
+        local = (t % batches_k) * batch_size + torch.arange(batch_size).view(1, 1, -1)
+        valid = (local < n_k) & (t < batches_k * epochs)
+        self.pos = torch.where(valid, offset_k + (t // batches_k) * n_k + local, offset_k).to(data.device)
+        counts = valid.sum(2)  # [T, K]: samples in each client's batch (0 once it is done)
+        self.groups: list[list[tuple[int, Selection]]] = [self._group(row) for row in counts]
+
+    def _group(self, counts: Tensor) -> list[tuple[int, Selection]]:
+        """(batch size n, clients with n samples this step), the largest n first."""
+        groups = []
+        for n in counts[counts > 0].unique().flip(0).tolist():
+            members = (counts == n).nonzero().view(-1)
+            lo, hi = int(members[0]), int(members[-1]) + 1
+            contiguous = hi - lo == len(members)
+            groups.append((n, slice(lo, hi) if contiguous else members.to(self.data.device)))
+        return groups
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def batch(self, t: int, n: int, clients: Selection) -> tuple[Tensor, Tensor]:
+        """Inputs [g, n, ...] and labels [g, n] of step t for a group of g clients whose batches hold n samples."""
+        flat = self.pos[t, clients, :n].reshape(-1)
+        idx = self.order[flat]
+        x = self.data.train_x[idx]
+        if self.crops is not None:
+            x = apply_crop_flip(x, *(c[flat] for c in self.crops))
+        x = self.data.prepare(x)
+        y = self.data.train_y[idx]
+        return x.view(-1, n, *x.shape[1:]), y.view(-1, n)

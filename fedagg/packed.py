@@ -1,0 +1,204 @@
+"""A model's layers made fast under `torch.func.vmap` over stacked clients.
+
+vmap runs a model on K clients' stacked weights, but its generic rules for convolutions,
+pooling and BatchNorm move the client axis back and forth between layers and compute
+per-client gradients slowly. `pack(model)` returns a copy (sharing the original's tensors)
+whose Conv2d, Linear, BatchNorm and pooling layers carry their own batching rule: the K
+clients become K groups of one grouped convolution, K*C channels of one BatchNorm or
+pooling call and one batched matmul, with activations kept as [B, K, C, H, W] from layer
+to layer. Outside vmap each layer computes exactly what the original does.
+
+The parallel engine differentiates with ordinary autograd around the vmapped forward
+(grad of vmap), so the backward pass runs these plain grouped kernels, not vmap rules.
+BatchNorm in training mode normalises each client's channels over its own batch and
+updates the stacked running statistics in place, per client and exactly as nn.BatchNorm
+does (the engine calls a group of clients only with batches of the same size).
+"""
+
+from __future__ import annotations
+
+import copy
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch._C._functorch import is_batchedtensor
+
+
+LOOP_MAX_CHANNELS, LOOP_MIN_BATCH = 4, 32  # per-client convolutions for input layers (see _conv_packed)
+
+
+class PackContext:
+    """Settings shared by a packed model's layers."""
+
+    def __init__(self) -> None:
+        self.channels_last = False
+
+
+def _front(t: Tensor | None, bdim: int | None, k: int) -> Tensor | None:
+    """A per-client tensor with the client axis first (broadcast when it is not batched)."""
+    if t is None:
+        return None
+    return t.expand(k, *t.shape) if bdim is None else t.movedim(bdim, 0)
+
+
+def _packed_channels(x: Tensor, bdim: int | None, k: int) -> Tensor:
+    """Activations [.., B, C, *S] with a client axis -> [B, K*C, *S] (a view when already [B, K, C, *S])."""
+    x = x.unsqueeze(1).expand(x.shape[0], k, *x.shape[1:]) if bdim is None else x.movedim(bdim, 1)
+    return x.reshape(x.shape[0], -1, *x.shape[3:])
+
+
+def _unpacked(out: Tensor, k: int):
+    """[B, K*C, *S] -> ([B, K, C, *S], client dim 1) as a vmap rule returns it."""
+    return out.view(out.shape[0], k, -1, *out.shape[2:]), 1
+
+
+def _op(name: str, plain, packed) -> type[torch.autograd.Function]:
+    """An autograd.Function that is `plain` outside vmap and `packed(k, in_dims, *args)` under it.
+
+    Packed layers call it only with batched input, where the vmap rule runs on plain tensors
+    and autograd records those ops; `backward` is therefore never reached.
+    """
+
+    def backward(ctx, *grads):
+        raise RuntimeError(f"packed {name}: backward outside vmap is not supported")
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(plain),
+        "setup_context": staticmethod(lambda ctx, inputs, output: None),
+        "backward": staticmethod(backward),
+        "vmap": staticmethod(lambda info, in_dims, *args: packed(info.batch_size, in_dims, *args)),
+    })
+
+
+def _conv_packed(k, in_dims, x, w, b, stride, padding, dilation, groups, channels_last):
+    if in_dims[0] is not None and w.shape[-3] <= LOOP_MAX_CHANNELS and x.shape[1 - in_dims[0]] >= LOOP_MIN_BATCH:
+        # an input layer on large batches: oneDNN's grouped kernels with so few channels per group are
+        # slower than one ordinary convolution per client
+        xs, ws = x.movedim(in_dims[0], 0), _front(w, in_dims[1], k)
+        bs = None if b is None else _front(b, in_dims[2], k)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        outs = [F.conv2d(xs[i].contiguous(memory_format=fmt), ws[i], None if bs is None else bs[i], stride, padding,
+                         dilation, groups) for i in range(k)]
+        return torch.stack(outs, 1), 1
+    xp = _packed_channels(x, in_dims[0], k)
+    w = _front(w, in_dims[1], k).reshape(-1, *w.shape[-3:])
+    b = None if b is None else _front(b, in_dims[2], k).reshape(-1)
+    if channels_last:
+        xp, w = xp.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
+    return _unpacked(F.conv2d(xp, w, b, stride, padding, dilation, groups * k), k)
+
+
+_Conv2d = _op("PackedConv2d", lambda x, w, b, s, p, d, g, cl: F.conv2d(x, w, b, s, p, d, g), _conv_packed)
+
+
+def _linear_packed(k, in_dims, x, w, b):
+    x = _front(x, in_dims[0], k)
+    lead = x.shape[1:-1]
+    x = x.reshape(k, -1, x.shape[-1])
+    w = _front(w, in_dims[1], k).transpose(1, 2)
+    out = torch.bmm(x, w) if b is None else torch.baddbmm(_front(b, in_dims[2], k).unsqueeze(1), x, w)
+    return out.view(k, *lead, out.shape[-1]), 0
+
+
+_Linear = _op("PackedLinear", lambda x, w, b: F.linear(x, w, b), _linear_packed)
+
+
+def _pool_packed(k, in_dims, x, fn, kwargs):
+    xp = _packed_channels(x, in_dims[0], k)
+    if fn is F.max_pool2d and xp.device.type == "cpu":
+        # the CPU kernel is many times faster on channels_last, and a max is exact in any layout
+        xp = xp.contiguous(memory_format=torch.channels_last)
+    return _unpacked(fn(xp, **kwargs), k)
+
+
+_Pool = _op("PackedPool", lambda x, fn, kwargs: fn(x, **kwargs), _pool_packed)
+
+
+def _bn_plain(x, weight, bias, rm, rv, nbt, use_batch_stats, momentum, eps):
+    raise RuntimeError("packed BatchNorm runs only under vmap")
+
+
+def _bn_packed(k, in_dims, x, weight, bias, rm, rv, nbt, use_batch_stats, momentum, eps):
+    xp = _packed_channels(x, in_dims[0], k)
+    weight, bias, rm, rv, nbt = (None if t is None else _front(t, d, k)
+                                 for t, d in zip((weight, bias, rm, rv, nbt), in_dims[1:6]))
+    flat = lambda t: None if t is None else t.reshape(-1)  # noqa: E731
+    if not use_batch_stats:
+        return _unpacked(F.batch_norm(xp, flat(rm), flat(rv), flat(weight), flat(bias), False, 0.0, eps), k)
+    factor = momentum
+    if nbt is not None:
+        with torch.no_grad():
+            nbt.add_(1)  # every client in the call takes one step, so they all share the count
+        if momentum is None:
+            factor = 1.0 / float(nbt.reshape(-1)[0])
+    # fused kernel; the running statistics [K, C] are updated in place through their flat views
+    return _unpacked(F.batch_norm(xp, flat(rm), flat(rv), flat(weight), flat(bias), True, factor or 0.0, eps), k)
+
+
+_BatchNorm = _op("PackedBatchNorm", _bn_plain, _bn_packed)
+
+
+class _PackedConv2d(nn.Conv2d):
+    def forward(self, x):
+        if not is_batchedtensor(x):
+            return super().forward(x)
+        return _Conv2d.apply(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
+                             self._pack_ctx.channels_last)
+
+
+class _PackedLinear(nn.Linear):
+    def forward(self, x):
+        return _Linear.apply(x, self.weight, self.bias) if is_batchedtensor(x) else super().forward(x)
+
+
+class _PackedBatchNorm(nn.modules.batchnorm._BatchNorm):
+    def forward(self, x):
+        if not is_batchedtensor(x):
+            return super().forward(x)
+        self._check_input_dim(x)
+        use_batch_stats = self.training or self.running_mean is None
+        return _BatchNorm.apply(x, self.weight, self.bias, self.running_mean, self.running_var,
+                                self.num_batches_tracked if self.training else None, use_batch_stats,
+                                self.momentum, self.eps)
+
+
+def _pool_module(base: type[nn.Module], fn, keys: tuple[str, ...]) -> type[nn.Module]:
+    def forward(self, x):
+        if not is_batchedtensor(x):
+            return base.forward(self, x)
+        return _Pool.apply(x, fn, {key: getattr(self, key) for key in keys})
+
+    return type(f"_Packed{base.__name__}", (base,), {"forward": forward})
+
+
+_SWAPS: dict[type, type] = {
+    nn.Conv2d: _PackedConv2d,
+    nn.Linear: _PackedLinear,
+    nn.BatchNorm1d: type("_PackedBatchNorm1d", (_PackedBatchNorm, nn.BatchNorm1d), {}),
+    nn.BatchNorm2d: type("_PackedBatchNorm2d", (_PackedBatchNorm, nn.BatchNorm2d), {}),
+    nn.MaxPool2d: _pool_module(nn.MaxPool2d, F.max_pool2d,
+                               ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
+    nn.AvgPool2d: _pool_module(nn.AvgPool2d, F.avg_pool2d,
+                               ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")),
+    nn.AdaptiveAvgPool2d: _pool_module(nn.AdaptiveAvgPool2d, F.adaptive_avg_pool2d, ("output_size",)),
+}
+
+
+def _packable(module: nn.Module) -> bool:
+    if type(module) is nn.Conv2d:
+        return module.padding_mode == "zeros"
+    if type(module) is nn.MaxPool2d:
+        return not module.return_indices
+    return type(module) in _SWAPS
+
+
+def pack(model: nn.Module) -> tuple[nn.Module, PackContext]:
+    """A copy of `model` sharing its parameters and buffers, with packed layers; and their context."""
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    packed = copy.deepcopy(model, memo)
+    ctx = PackContext()
+    for module in packed.modules():
+        if _packable(module):
+            module.__class__ = _SWAPS[type(module)]
+            module._pack_ctx = ctx
+    return packed, ctx

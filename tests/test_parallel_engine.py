@@ -1,0 +1,155 @@
+"""engine=parallel against the reference: same seed, same client models to float32 tolerance.
+
+Tiny data (3-4 clients of 7-40 samples, batches that leave partial last batches) through
+an MLP, a CNN and a BatchNorm ResNet-20, two rounds each so that kept optimizer state
+(and FedDyn's client state) carries over, with momentum, validation scores and the
+CIFAR crop/flip path.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fedagg.client import ClientData, LocalSGD
+from fedagg.client_batches import BatchPlan, num_steps
+from fedagg.data.device import DeviceData
+from fedagg.engine import SequentialEngine
+from fedagg.models.cnns import CNNSmall
+from fedagg.models.resnet_cifar import ResNet20
+from fedagg.models.simple import MLP
+from fedagg.objectives import FedDyn, FedProx
+from fedagg.params import get_buffers, get_params
+from fedagg.parallel_engine import ParallelEngine
+from fedagg.seeding import generator
+
+TOL = 1e-4
+
+
+def _setup(model_cls, channels, size, sizes, augment, val=2):
+    g = torch.Generator().manual_seed(0)
+    n = sum(sizes) + val * len(sizes)
+    x = torch.randint(0, 256, (n, channels, size, size), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    bundle = SimpleNamespace(name="toy", num_classes=10, augment=augment, train_x=x, train_y=y, test_x=x, test_y=y,
+                             mean=(0.5,) * channels, std=(0.25,) * channels)
+    torch.manual_seed(0)
+    model = model_cls(num_classes=10, in_channels=channels, image_size=size)
+    data = DeviceData(bundle, torch.device("cpu"), model.input_shape)
+    perm = torch.randperm(n, generator=g)
+    clients, offset = [], 0
+    for cid, k in enumerate(sizes):
+        clients.append(ClientData(10 + cid, perm[offset: offset + k], perm[offset + k: offset + k + val]))
+        offset += k + val
+    return model, data, clients
+
+
+def _two_rounds(engine, model, start, data, clients, trainer, lr):
+    """Two rounds from the same global weights (the second sees kept optimizer and objective state)."""
+    val = [c.val_idx for c in clients]
+    return [engine.train_round(model, start[0].clone(), start[1].clone(), clients, trainer, data, lr=lr, seed=3,
+                               round=r, val_indices=val) for r in (1, 2)]
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm().clamp(min=1e-12))
+
+
+CASES = {
+    # model, channels, image size, client sizes, augment, trainer options, objective, engine options
+    "mlp": (MLP, 1, 8, [7, 26, 13, 40], False,
+            dict(lr=0.05, momentum=0.9, batch_size=6, local_epochs=2, weight_decay=1e-3),
+            lambda: FedDyn(alpha=0.1), dict(chunk_size=3)),
+    "cnn": (CNNSmall, 1, 28, [9, 21, 14], True,
+            dict(lr=0.05, momentum=0.9, nesterov=True, batch_size=8, local_epochs=2),
+            lambda: FedProx(mu=0.1), dict()),
+    # No batch of a single sample: BatchNorm on one 2x2 map makes even the reference chaotic
+    # (a 1e-7 change of its input moves the trained weights by 1e-3), which no other kernels can match.
+    "resnet20": (ResNet20, 3, 8, [7, 19, 12, 18], True,
+                 dict(lr=0.02, momentum=0.9, batch_size=5, local_epochs=1), lambda: None, dict(chunk_size=2)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_parallel_round_matches_sequential(case):
+    model_cls, channels, size, sizes, augment, trainer_kw, objective, engine_kw = CASES[case]
+    model, data, clients = _setup(model_cls, channels, size, sizes, augment)
+    ref_trainer = LocalSGD(**trainer_kw, keep_optimizer_state=True, objective=objective())
+    par_trainer = LocalSGD(**trainer_kw, keep_optimizer_state=True, objective=objective())
+    start = get_params(model), get_buffers(model)  # the engines leave trained weights in `model`
+    ref = _two_rounds(SequentialEngine(), model, start, data, clients, ref_trainer, trainer_kw["lr"])
+    par = _two_rounds(ParallelEngine(**engine_kw), model, start, data, clients, par_trainer, trainer_kw["lr"])
+    for r, (s, p) in enumerate(zip(ref, par), start=1):
+        for k in range(len(clients)):
+            assert _rel(p.params[k], s.params[k]) < TOL, f"round {r}, client {k}: parameters"
+            if s.buffers.numel():
+                assert _rel(p.buffers[k], s.buffers[k]) < TOL, f"round {r}, client {k}: buffers"
+        torch.testing.assert_close(p.train_loss, s.train_loss, rtol=TOL, atol=TOL)
+        torch.testing.assert_close(p.val_acc, s.val_acc)
+    for cid in (c.id for c in clients):  # the state each engine leaves behind is interchangeable
+        a, b = par_trainer.optimizer_states[cid], ref_trainer.optimizer_states[cid]
+        assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
+        for i in b["state"]:  # sums of gradients, which are more sensitive than the weights
+            assert _rel(a["state"][i]["momentum_buffer"], b["state"][i]["momentum_buffer"]) < 10 * TOL
+    if isinstance(ref_trainer.objective, FedDyn):
+        for cid in (c.id for c in clients):
+            assert _rel(par_trainer.objective.grad_state[cid], ref_trainer.objective.grad_state[cid]) < TOL
+
+
+def test_batch_plan_serves_each_client_the_batches_it_draws_alone():
+    _, data, clients = _setup(CNNSmall, 1, 28, [9, 21, 14], True)
+    batch_size, epochs = 4, 2
+    ordered = sorted(clients, key=lambda c: -num_steps(c.num_samples, batch_size, epochs))
+    plan = BatchPlan(ordered, data, batch_size=batch_size, epochs=epochs, seed=1, round=5)
+    for k, client in enumerate(ordered):
+        g = generator(1, "batches", client.id, 5, device=data.device)
+        t = 0
+        for _ in range(epochs):
+            order = client.train_idx[torch.randperm(client.num_samples, generator=g)]
+            for batch in order.split(batch_size):
+                x, y = data.train_batch(batch, g)
+                (n, sel), = [(n, sel) for n, sel in plan.groups[t] if k in torch.arange(len(ordered))[sel]]
+                row = int((torch.arange(len(ordered))[sel] == k).nonzero())
+                px, py = plan.batch(t, n, sel)
+                assert n == len(batch) and torch.equal(px[row], x) and torch.equal(py[row], y)
+                t += 1
+        assert plan.steps[k] == t and all(k not in torch.arange(len(ordered))[sel]
+                                          for step in plan.groups[t:] for _, sel in step)
+
+
+def test_chunking_and_channels_last_leave_results_unchanged():
+    model, data, clients = _setup(CNNSmall, 1, 28, [9, 21, 14], True)
+    trainer = dict(lr=0.05, momentum=0.5, batch_size=8)
+    gp, gb = get_params(model), get_buffers(model)
+    outs = [ParallelEngine(**kw).train_round(model, gp, gb, clients, LocalSGD(**trainer), data, lr=0.05, seed=0,
+                                             round=1)
+            for kw in (dict(), dict(chunk_size=1), dict(channels_last=True))]
+    for out in outs[1:]:
+        assert _rel(out.params, outs[0].params) < TOL
+        torch.testing.assert_close(out.train_loss, outs[0].train_loss, rtol=TOL, atol=TOL)
+
+
+def test_bf16_autocast_stays_close_to_fp32():
+    model, data, clients = _setup(CNNSmall, 1, 28, [9, 21], False)
+    gp, gb = get_params(model), get_buffers(model)
+    outs = [ParallelEngine(precision=p).train_round(model, gp, gb, clients, LocalSGD(lr=0.05, batch_size=8), data,
+                                                    lr=0.05, seed=0, round=1) for p in ("fp32", "bf16")]
+    assert outs[1].params.dtype == torch.float32
+    assert _rel(outs[1].params - gp, outs[0].params - gp) < 0.1  # the update, to bf16's precision
+
+
+@pytest.mark.slow
+def test_compiled_engine_matches_eager():
+    model, data, clients = _setup(CNNSmall, 1, 28, [9, 21, 14], True)
+    gp, gb = get_params(model), get_buffers(model)
+    outs = [ParallelEngine(compile=c).train_round(model, gp, gb, clients, LocalSGD(lr=0.05, batch_size=8), data,
+                                                  lr=0.05, seed=0, round=1) for c in (False, True)]
+    assert _rel(outs[1].params, outs[0].params) < TOL
+
+
+@pytest.mark.parametrize("kwargs, key", [({"chunk_size": 0}, "engine.chunk_size=0"),
+                                         ({"precision": "fp16"}, "engine.precision='fp16'"),
+                                         ({"eval_batch_size": 0}, "engine.eval_batch_size=0")])
+def test_bad_options_name_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        ParallelEngine(**kwargs)
