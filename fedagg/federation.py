@@ -29,6 +29,7 @@ class Settings:
     clients_per_round: int | None = None
     eval_every: int = 1
     target_acc: float | None = None
+    stop_at_target: bool = False
     checkpoint_every: int = 10
 
     def __post_init__(self) -> None:
@@ -51,6 +52,9 @@ class Settings:
              self.checkpoint_every, "it must be an integer >= 0 (0: only at the end)")
         if self.target_acc is not None:
             need(0 < self.target_acc <= 1, "target_acc", self.target_acc, "it must be a fraction in (0, 1], or null")
+        need(isinstance(self.stop_at_target, bool), "stop_at_target", self.stop_at_target, "it must be true or false")
+        need(not self.stop_at_target or self.target_acc is not None, "stop_at_target", self.stop_at_target,
+             "it needs a target_acc to stop at (set target_acc=0.95, say, or stop_at_target=false)")
 
     @property
     def per_round(self) -> int:

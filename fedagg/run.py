@@ -47,7 +47,7 @@ class SetupError(ValueError):
 
 
 def settings_from(cfg: DictConfig) -> Settings:
-    keys = ("seed", "num_clients", "clients_per_round", "eval_every", "target_acc", "checkpoint_every")
+    keys = ("seed", "num_clients", "clients_per_round", "eval_every", "target_acc", "stop_at_target", "checkpoint_every")
     scale = cfg.experiment_scale
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1:
         raise ValueError(f"experiment_scale={scale!r} is not allowed; it must be a fraction in (0, 1]")

@@ -206,6 +206,9 @@ class RoundLoop:
                         self.summary.update(status="diverged", diverged_round=r)
                         log.warning("round %d: non-finite loss or parameters; stopping (status: diverged)", r)
                         break
+                    if settings.stop_at_target and self.summary["rounds_to_target"] is not None:
+                        self.summary["stopped_at_target"] = r  # the table needs no more rounds
+                        break
                     if stop.requested and r < settings.rounds:
                         self.summary["status"] = "interrupted"
                         break

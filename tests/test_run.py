@@ -57,6 +57,15 @@ def test_rounds_to_target_is_first_evaluated_round_reaching_it(tmp_path, small_r
     assert [int(r["round"]) for r in _rows(tmp_path / "metrics.csv")] == [2]
 
 
+def test_stop_at_target_ends_the_run_at_the_round_that_reaches_it(tmp_path):
+    summary = train(compose_config("rounds=6", "device=cpu", "target_acc=0.05", "eval_every=2",
+                                   "stop_at_target=true"), tmp_path)
+    assert summary["status"] == "completed"
+    assert summary["rounds_to_target"] == summary["stopped_at_target"] == summary["rounds_completed"] == 2
+    assert [int(r["round"]) for r in _rows(tmp_path / "metrics.csv")] == [2]
+    assert {int(r["round"]) for r in _rows(tmp_path / "weights.csv")} == {1, 2}
+
+
 def test_partial_participation_and_uniform_weighting_run(tmp_path, small_run):
     summary = train(compose_config(*small_run, "clients_per_round=3", "aggregator.weighting=uniform"), tmp_path)
     assert summary["status"] == "completed"
