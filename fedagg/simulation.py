@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from fedagg.aggregators.base import Aggregator, sample_weights
 from fedagg.checkpoint import rng_state, save_checkpoint, set_rng_state
@@ -25,6 +24,7 @@ from fedagg.diagnostics import round_diagnostics
 from fedagg.evaluation import evaluate
 from fedagg.federation import Settings, sample_clients
 from fedagg.interrupts import StopRequests
+from fedagg.progress import RoundProgress
 from fedagg.params import ParamLayout, get_buffers, get_params, set_buffers, set_params
 from fedagg.tracking.base import Tracker
 from fedagg.tracking.files import CSVLog, clean_number, write_json
@@ -186,18 +186,16 @@ class RoundLoop:
     def run(self) -> dict:
         settings, start = self.settings, time.perf_counter()
         elapsed = lambda: self.elapsed_before + time.perf_counter() - start  # noqa: E731
-        rounds = range(self.next_round, settings.rounds + 1)
-        bar = tqdm(rounds, desc="rounds", unit="round", dynamic_ncols=True, mininterval=1.0,
-                   initial=self.next_round - 1, total=settings.rounds)
+        progress = RoundProgress(self.next_round, settings.rounds)
         try:
             with StopRequests() as stop:
-                for r in bar:
+                for r in range(self.next_round, settings.rounds + 1):
                     row = self.step(r)
                     self.summary["rounds_completed"] = r
                     diverged = not (math.isfinite(row["train_loss"]) and bool(torch.isfinite(self.params).all()))
                     if not diverged and (r % settings.eval_every == 0 or r == settings.rounds):
                         self.evaluate(row)
-                        bar.set_postfix(acc=f"{row['test_acc']:.4f}", loss=f"{row['train_loss']:.4f}")
+                    progress.update(r, row["test_acc"], row["train_loss"])
                     if diverged or row["test_acc"] is not None:
                         self.metrics.append({k: clean_number(v) for k, v in {**row, "elapsed_s": round(elapsed(), 3)}.items()})
                     # the live tracker gets every round's diagnostics, test metrics where evaluated
@@ -219,7 +217,7 @@ class RoundLoop:
             self.finish(elapsed())
             raise
         finally:
-            bar.close()
+            progress.close()
         if self.summary["status"] == "running":
             self.summary["status"] = "completed"
         self.finish(elapsed())
