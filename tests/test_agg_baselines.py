@@ -81,13 +81,37 @@ def test_feddisco_invariants():
     assert agg.state_dict() == {} and FedDisco.requires == frozenset({"label_hist"})
 
 
+def test_feddisco_kl_discrepancy_is_normalised_over_participants():
+    agg = FedDisco(reference="uniform", discrepancy="kl")
+    new = run(agg, label_hist=HIST, global_label_hist=GLOBAL_HIST)
+    local = np64(HIST) / np64(HIST).sum(1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kl = np.where(local > 0, local * np.log(local * 3.0), 0.0).sum(1)  # KL(local || 1/3)
+    d = kl / kl.sum()
+    # by hand: client 1 is nearest to uniform, so it has the smallest d and gains weight over its size share
+    assert d.argmin() == 1 and np.isclose(d.sum(), 1.0)
+    s = np.maximum(np64(SAMPLES) / 16 - 0.5 * d + 0.1, 0.0)
+    assert np.allclose(agg.last_weights.numpy(), s / s.sum(), atol=1e-6)
+    assert np.allclose(new.numpy(), (s / s.sum()) @ np64(CLIENTS), atol=1e-6)
+    assert not np.allclose(s / s.sum(), disco_reference(np64(HIST), np64(GLOBAL_HIST), np64(SAMPLES), uniform=True))
+
+
+def test_feddisco_kl_with_every_client_matching_the_reference_has_zero_discrepancy():
+    agg = FedDisco(reference="uniform", discrepancy="kl")
+    flat = torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [3.0, 3.0, 3.0]])
+    run(agg, n=torch.tensor([6, 3, 9]), label_hist=flat, global_label_hist=flat.sum(0))
+    D = torch.tensor([6.0, 3.0, 9.0]) / 18
+    assert torch.allclose(agg.last_weights, (D + 0.1) / 1.3)  # d = 0 (no 0/0): only b is added to each D_k
+
+
 def test_feddisco_without_histograms_is_a_clear_error():
     with pytest.raises(ValueError, match="label_hist"):
         run(FedDisco())
 
 
 @pytest.mark.parametrize("kwargs, key", [({"a": -0.5}, "a"), ({"a": "big"}, "a"), ({"b": float("nan")}, "b"),
-                                         ({"b": True}, "b"), ({"reference": "test"}, "reference")])
+                                         ({"b": True}, "b"), ({"reference": "test"}, "reference"),
+                                         ({"discrepancy": "l1"}, "discrepancy")])
 def test_feddisco_bad_values_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=rf"aggregator\.{key}="):
         FedDisco(**kwargs)
