@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -39,6 +40,7 @@ from fedagg.simulation import Federation, check_requirements, run_federation
 from fedagg.tracking.files import write_json
 
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine")
+RECORDED_CHOICES = (*GROUPS, "client/objective", "experiment")  # the group choices summary.json keeps
 log = logging.getLogger("fedagg")
 
 
@@ -59,6 +61,36 @@ def _user_error(err: Exception) -> Exception | None:
     """The error to show a user (a constructor's own message), or None for a bug."""
     cause = err.__cause__ if isinstance(err, InstantiationException) else err
     return cause if isinstance(cause, (ValueError, FileNotFoundError)) else None
+
+
+def check_no_ignored_choice(cfg: DictConfig, choices: dict | None) -> None:
+    """Refuse a group chosen on the command line that the experiment file replaces.
+
+    A table whose rows or columns are not plain group options sets, e.g.,
+    `aggregator: ${table.methods.${method}.aggregator}`: a user's `aggregator=fedavg` would
+    then be silently ignored and another cell run. Name the key that picks it instead.
+    """
+    experiment = (choices or {}).get("experiment")
+    for group, chosen in (choices or {}).items():
+        parent_path, _, key = group.replace("/", ".").rpartition(".")
+        parent = OmegaConf.select(cfg, parent_path) if parent_path else cfg
+        if chosen is None or group == "experiment" or not isinstance(parent, DictConfig) or key not in parent:
+            continue
+        if not OmegaConf.is_interpolation(parent, key):
+            continue
+        source = str(parent._get_node(key)._value())
+        if f"hydra:runtime.choices.{group}" in source:
+            continue  # the file maps the chosen option (e.g. model=cnn -> its settings): the choice is used
+        pickers = []
+        for name in dict.fromkeys(re.findall(r"\$\{(\w+)\}", source)):
+            container = re.search(rf"([\w.]+)\.\$\{{{name}\}}", source)
+            options = OmegaConf.select(cfg, container.group(1)) if container else None
+            allowed = f"; one of {', '.join(map(str, options))}" if isinstance(options, DictConfig) else ""
+            pickers.append(f"{name} (now {name}={cfg.get(name)}{allowed})")
+        pickers += [f"the {g} chosen (now {g}={choices.get(g)})"
+                    for g in dict.fromkeys(re.findall(r"hydra:runtime\.choices\.([\w/]+)", source))]
+        raise ValueError(f"{group}={chosen} is ignored by +experiment={experiment}: it sets the {group} from "
+                         f"{' and '.join(pickers) or source}; pick the cell with those keys instead")
 
 
 def _read_summary(run_dir: Path) -> dict | None:
@@ -90,6 +122,7 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
     tracker = None
     try:
         # everything that can reject the configuration is built before any data is loaded
+        check_no_ignored_choice(cfg, choices)
         settings = settings_from(cfg)
         device = resolve_device(cfg.device)
         aggregator = instantiate(cfg.aggregator)
@@ -152,7 +185,7 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
-    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in GROUPS or k == "experiment"}
+    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in RECORDED_CHOICES}
     try:
         summary = train(cfg, hydra_cfg.runtime.output_dir, choices)
     except SetupError as err:

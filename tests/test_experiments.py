@@ -14,6 +14,7 @@ import inspect
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,6 +139,34 @@ def test_table_composes_and_every_cell_of_its_sweep_resolves(name):
         instantiate(node)  # every aggregator of the table, with the table's settings
     for node in partials.values():
         check_kwargs(node)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_no_cell_of_a_sweep_trips_the_ignored_choice_check(name):
+    from fedagg.run import check_no_ignored_choice
+
+    cfg, hydra_cfg = compose_table(name)
+    defaults = dict(HydraConfig.get().runtime.choices)
+    for job in sweep(hydra_cfg):
+        check_no_ignored_choice(cfg, {**defaults, "experiment": name, **{k: v for k, v in job.items() if k in GROUPS}})
+
+
+@pytest.mark.parametrize("name, override, picker", [
+    ("ewwa_table1", "aggregator=fedavg", r"from method \(now method=ewwa_adam; one of fedavg, fedams, fedcams,"),
+    ("ewwa_table2", "model=resnet20", r"from column \(now column=resnet20_cifar10; one of lenet_mnist,"),
+    ("fedawa_table1", "model=resnet20", r"from the dataset chosen \(now dataset=cifar10\)"),
+    ("fedawa_table1", "client/objective=fedprox", r"from method \(now method=fedawa; one of fedlaw,"),
+    ("fednnnn_table2", "partition=iid", r"from condition \(now condition=noniid_b; one of iid_b,"),
+])
+def test_a_group_the_table_replaces_is_refused_naming_the_key_that_picks_it(name, override, picker, tmp_path):
+    from fedagg.run import RECORDED_CHOICES, SetupError, train
+
+    cfg, hydra_cfg = compose_table(name, override)
+    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in RECORDED_CHOICES}
+    group = override.split("=")[0]
+    with pytest.raises(SetupError, match=rf"^{re.escape(override)} is ignored by \+experiment={name}: it sets the {group} {picker}"):
+        train(cfg, tmp_path, choices)
+    assert not (tmp_path / "config.yaml").exists()  # refused before anything ran
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
