@@ -172,7 +172,7 @@ def ordered(keys_seen: list[tuple], paper_keys: list[tuple]) -> list[tuple]:
     return order + sorted(k for k in dict.fromkeys(keys_seen) if k not in order)
 
 
-def build(runs: list[dict], spec: dict) -> tuple[list[str], list[dict], set]:
+def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[list[str], list[dict], set]:
     rows_k, cols_k, keys = spec["rows"], spec["columns"], spec["keys"]
     cells: dict[tuple, list[dict]] = {}
     for run in runs:
@@ -182,6 +182,9 @@ def build(runs: list[dict], spec: dict) -> tuple[list[str], list[dict], set]:
     split = lambda cell: (cell[: len(rows_k)], cell[len(rows_k):])  # noqa: E731
     rows = ordered([split(c)[0] for c in cells], [split(c)[0] for c in paper])
     cols = ordered([split(c)[1] for c in cells], [split(c)[1] for c in paper])
+    if measured_only:  # a partly run table: only the rows and columns that have runs
+        rows = [r for r in rows if any(r + c in cells for c in cols)]
+        cols = [c for c in cols if any(r + c in cells for r in rows)]
     records, grid = [], {}
     for r in rows:
         for c in cols:
@@ -246,16 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="+", help="cell keys of the rows (default: the table's)")
     parser.add_argument("--columns", nargs="+", help="cell keys of the columns (default: the table's)")
     parser.add_argument("--key", action="append", help="NAME=PATH: where a cell key is in summary.json")
+    parser.add_argument("--measured-only", action="store_true",
+                        help="show only the rows and columns that have runs (a partly run table)")
     args = parser.parse_args(argv)
     runs = load_runs(args.folder)
     if not runs:
         print(f"no summary.json below {args.folder}", file=sys.stderr)
         return 1
     spec = table_spec(runs, args)
-    lines, records, extra = build(runs, spec)
+    lines, records, extra = build(runs, spec, measured_only=args.measured_only)
     title = f"### {spec.get('name', args.folder.name)}: {spec.get('caption', spec['metric'])}"
     source = [f"Paper: {spec['source']}"] if spec.get("source") else []
-    text = "\n\n".join([title, *source, "\n".join(lines), *notes(runs, spec, extra)]) + "\n"
+    shown = ["Only the rows and columns with runs are shown (--measured-only)."] if args.measured_only else []
+    text = "\n\n".join([title, *source, "\n".join(lines), *notes(runs, spec, extra), *shown]) + "\n"
     print(text, end="")
     (args.folder / "table.md").write_text(text)
     with open(args.folder / "table.csv", "w", newline="") as f:

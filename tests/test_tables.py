@@ -191,3 +191,23 @@ def test_plot_logs_to_an_offline_wandb_run_when_the_runs_used_wandb(tmp_path, mo
     assert plot.main([str(tmp_path / "sweep")]) == 0
     offline = list((tmp_path / "sweep" / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].rglob("*.wandb"))
+
+
+def test_measured_only_keeps_just_the_rows_and_columns_that_have_runs(tmp_path):
+    paper = write_paper(tmp_path / "toy.csv", ["method", "dataset", "paper"], [
+        ["fedavg", "mnist", "91"], ["fedavg", "cifar10", "70"], ["fedprox", "mnist", "88"], ["fedprox", "cifar10", "71"]])
+    spec = toy_spec(paper, average_column=True)
+    runs = tmp_path / "sweep"
+    write_run(runs, "0_fedavg_mnist", spec=spec, method="fedavg", dataset="mnist", seed=0, acc=0.90)
+    assert make_table.main([str(runs)]) == 0
+    full = (runs / "table.md").read_text().splitlines()
+    assert "| Method | MNIST | C-10 | Average |" in full and any(line.startswith("| FedProx |") for line in full)
+    assert make_table.main([str(runs), "--measured-only"]) == 0
+    text = (runs / "table.md").read_text()
+    lines = text.splitlines()
+    assert "| Method | MNIST | Average |" in lines
+    assert "| FedAvg | 90.00 (91.00, -1.00) | 90.00 (91.00, -1.00) |" in lines  # the average over shown cells only
+    assert not any(line.startswith("| FedProx |") for line in lines)
+    assert "Only the rows and columns with runs are shown" in text
+    with open(runs / "table.csv", newline="") as f:
+        assert [(r["method"], r["dataset"]) for r in csv.DictReader(f)] == [("fedavg", "mnist")]
