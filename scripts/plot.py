@@ -33,7 +33,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_table import key_text, label, lookup  # noqa: E402
+from make_table import key_text, label, lookup, number  # noqa: E402
 
 PLOTS = ("accuracy.png", "update_norms.png", "weights.png")
 
@@ -43,14 +43,6 @@ def read_csv(path: Path) -> list[dict]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-def as_float(text) -> float | None:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
 
 
 def natural(path: Path) -> list:
@@ -99,8 +91,8 @@ def series(runs: list[dict], column: str, scale: float = 1.0) -> tuple[list[int]
     per_round = defaultdict(list)
     for run in runs:
         for row in run["metrics"]:
-            value = as_float(row.get(column))
-            if value is not None and as_float(row.get("round")) is not None:
+            value = number(row.get(column))
+            if value is not None and number(row.get("round")) is not None:
                 per_round[int(float(row["round"]))].append(value * scale)
     rounds = [r for r in sorted(per_round) if len(per_round[r]) == len(runs)] or sorted(per_round)
     means = [sum(per_round[r]) / len(per_round[r]) for r in rounds]
@@ -169,7 +161,7 @@ def plot_weights(runs: list[dict], out: Path, limit: int) -> Path:
     for ax, run in zip(axes, chosen):
         by_client = defaultdict(list)
         for row in run["weights"]:
-            w, r = as_float(row.get("weight")), as_float(row.get("round"))
+            w, r = number(row.get("weight")), number(row.get("round"))
             if w is not None and r is not None:
                 by_client[row.get("client")].append((int(r), w))
         for client, points in sorted(by_client.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
