@@ -22,10 +22,10 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from fedagg.checkpoint import load_checkpoint
+from fedagg.loop.checkpoints import load_checkpoint
 from fedagg.data.device import DeviceData
 from fedagg.data.partition_report import partition_stats, save_partition_report
-from fedagg.federation import (
+from fedagg.loop.assembly import (
     Settings,
     build_model,
     effective_val_frac,
@@ -35,8 +35,8 @@ from fedagg.federation import (
     scaled_rounds,
     shrink,
 )
-from fedagg.seeding import generator
-from fedagg.simulation import Federation, check_requirements, run_federation
+from fedagg.data.seeding import generator
+from fedagg.loop.round_loop import Federation, check_requirements, run_federation
 from fedagg.tracking.files import write_json
 
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine")

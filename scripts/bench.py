@@ -35,15 +35,15 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedagg.client import LocalSGD  # noqa: E402
+from fedagg.clients.trainer import LocalSGD  # noqa: E402
 from fedagg.data.datasets import DatasetBundle, mnist  # noqa: E402
 from fedagg.data.device import DeviceData  # noqa: E402
 from fedagg.data.partition import dirichlet, iid  # noqa: E402
-from fedagg.engine import SequentialEngine  # noqa: E402
-from fedagg.federation import Settings, build_model, make_clients, sample_clients  # noqa: E402
-from fedagg.params import get_buffers, get_params  # noqa: E402
-from fedagg.parallel_engine import ParallelEngine  # noqa: E402
-from fedagg.seeding import generator  # noqa: E402
+from fedagg.engines.sequential import SequentialEngine  # noqa: E402
+from fedagg.loop.assembly import Settings, build_model, make_clients, sample_clients  # noqa: E402
+from fedagg.models.flat import get_buffers, get_params  # noqa: E402
+from fedagg.engines.parallel import ParallelEngine  # noqa: E402
+from fedagg.data.seeding import generator  # noqa: E402
 
 LIMIT_BATCH = 500
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from fedagg.aggregators.feddisco import FedDisco
 from fedagg.aggregators.feddyn import FedDyn
 from fedagg.aggregators.ldawa import LDAWA
-from fedagg.params import ParamLayout
+from fedagg.models.flat import ParamLayout
 
 W = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0])
 CLIENTS = torch.tensor([[1.5, -0.5, 1.5, 2.0, 1.0], [0.7, -1.3, 2.1, 0.4, 0.8], [-1.0, 0.2, 2.3, -0.6, 2.1]])

@@ -7,7 +7,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from fedagg.aggregators.fedawa import FedAWA, FedAWAL
-from fedagg.params import ParamLayout
+from fedagg.models.flat import ParamLayout
 
 W = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0])
 DELTAS = torch.tensor([[1.0, 0.5, -0.5, 2.0, 0.0], [0.2, -0.3, 0.1, 0.4, -0.2], [-1.5, 0.8, 0.3, -0.6, 1.1]])

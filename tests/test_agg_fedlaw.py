@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from fedagg.aggregators.fedlaw import FedLAW
-from fedagg.params import ParamLayout, get_buffers, get_params
+from fedagg.models.flat import ParamLayout, get_buffers, get_params
 
 Q = np.array([0.7, 0.25, 0.6])  # label-1 fraction per unit vector: 14, 5 and 12 of 20
 PER = 20

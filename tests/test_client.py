@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedagg.client import ClientData, LocalSGD
+from fedagg.clients.trainer import ClientData, LocalSGD
 
 
 def test_exponential_schedule_decays_per_round():

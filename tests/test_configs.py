@@ -8,7 +8,7 @@ from torch import nn
 
 from conftest import CONF, compose_config
 from fedagg.aggregators.base import Aggregator
-from fedagg.client import LocalSGD
+from fedagg.clients.trainer import LocalSGD
 from fedagg.tracking.base import Tracker
 
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine")

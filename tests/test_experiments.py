@@ -131,7 +131,7 @@ def test_table_composes_and_every_cell_of_its_sweep_resolves(name):
             if key in ("aggregator", "model", "dataset", "partition"):
                 (aggregators if key == "aggregator" else partials)[json.dumps(resolved, sort_keys=True)] = cell[key]
         assert isinstance(cell.rounds, int) and cell.rounds >= 1
-        assert OmegaConf.to_container(cell.client, resolve=True)["objective"]["_target_"].startswith("fedagg.objectives.")
+        assert OmegaConf.to_container(cell.client, resolve=True)["objective"]["_target_"].startswith("fedagg.clients.objectives.")
         for group, option in default_choices.items():
             if group in GROUPS:
                 set_choice(group, option)

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from conftest import compose_config
-from fedagg.federation import Settings, make_clients, sample_clients
-from fedagg.params import ParamLayout, get_buffers, get_params, set_buffers, set_params
+from fedagg.loop.assembly import Settings, make_clients, sample_clients
+from fedagg.models.flat import ParamLayout, get_buffers, get_params, set_buffers, set_params
 from fedagg.run import train
-from fedagg.simulation import combine_buffers
+from fedagg.loop.round_loop import combine_buffers
 
 
 def test_sampling_is_seeded_sorted_and_varies_by_round():
@@ -102,8 +102,8 @@ def test_set_params_copies_so_training_never_writes_into_the_global_vector():
 
 
 def test_every_client_starts_from_the_global_model(tmp_path):
-    from fedagg.client import ClientData, LocalSGD
-    from fedagg.engine import SequentialEngine
+    from fedagg.clients.trainer import ClientData, LocalSGD
+    from fedagg.engines.sequential import SequentialEngine
     from types import SimpleNamespace
 
     x = torch.randn(8, 3)

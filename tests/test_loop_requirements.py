@@ -9,7 +9,7 @@ import torch
 
 from conftest import compose_config
 from fedagg.aggregators.base import Aggregator
-from fedagg.diagnostics import round_diagnostics, weight_spread
+from fedagg.loop.diagnostics import round_diagnostics, weight_spread
 from fedagg.run import train
 
 

@@ -6,8 +6,8 @@ from hydra.utils import instantiate
 from torch import nn
 
 from conftest import compose_config
-from fedagg.client import ClientData, LocalSGD
-from fedagg.objectives import FedDyn, FedProx, Objective
+from fedagg.clients.trainer import ClientData, LocalSGD
+from fedagg.clients.objectives import FedDyn, FedProx, Objective
 
 
 def test_fedprox_gradient_is_mu_times_distance_to_global():

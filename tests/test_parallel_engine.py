@@ -11,17 +11,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedagg.client import ClientData, LocalSGD
-from fedagg.client_batches import BatchPlan, num_steps
+from fedagg.clients.trainer import ClientData, LocalSGD
+from fedagg.clients.batches import BatchPlan, num_steps
 from fedagg.data.device import DeviceData
-from fedagg.engine import SequentialEngine
+from fedagg.engines.sequential import SequentialEngine
 from fedagg.models.cnns import CNNSmall
 from fedagg.models.resnet_cifar import ResNet20
 from fedagg.models.simple import MLP
-from fedagg.objectives import FedDyn, FedProx
-from fedagg.params import get_buffers, get_params
-from fedagg.parallel_engine import ParallelEngine
-from fedagg.seeding import generator
+from fedagg.clients.objectives import FedDyn, FedProx
+from fedagg.models.flat import get_buffers, get_params
+from fedagg.engines.parallel import ParallelEngine
+from fedagg.data.seeding import generator
 
 TOL = 1e-4
 

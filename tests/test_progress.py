@@ -1,7 +1,7 @@
 import io
 import logging
 
-from fedagg.progress import RoundProgress
+from fedagg.loop.progress import RoundProgress
 
 
 class Terminal(io.StringIO):

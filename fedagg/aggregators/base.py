@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedagg.params import ParamLayout
+from fedagg.models.flat import ParamLayout
 
 WEIGHTINGS = ("samples", "uniform")
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
-from fedagg.params import ParamLayout
+from fedagg.models.flat import ParamLayout
 
 OPTIMIZERS = ("adam", "adagrad", "yogi")
 MOMENTS = ("shared_sequential", "per_client")

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.fedopt import FedAdam
-from fedagg.params import ParamLayout
+from fedagg.models.flat import ParamLayout
 
 COMPRESSORS = ("sign", "topk")
 

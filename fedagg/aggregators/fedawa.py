@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
-from fedagg.params import ParamLayout
+from fedagg.models.flat import ParamLayout
 
 REGS = ("cos", "euclid", "none")
 COS_EPS = 1e-8  # guards cos(w, W_k) of an all-zero layer (e.g. a BatchNorm bias at init) -> cos = 0

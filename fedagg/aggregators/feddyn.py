@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
-from fedagg.params import ParamLayout
+from fedagg.models.flat import ParamLayout
 
 
 class FedDyn(Aggregator):

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from fedagg.aggregators.base import Aggregator, sample_weights
-from fedagg.params import ParamLayout
+from fedagg.models.flat import ParamLayout
 
 INITS = ("samples", "uniform")
 

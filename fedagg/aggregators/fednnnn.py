@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
-from fedagg.params import ParamLayout
+from fedagg.models.flat import ParamLayout
 
 TINY_NORM = 1e-12  # below this N the mean update has no direction to stretch (SPEC)
 # The paper evaluates the plain average (section 4.1, step 5) and sends clients the stretched

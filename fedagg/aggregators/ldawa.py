@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
-from fedagg.params import ParamLayout
+from fedagg.models.flat import ParamLayout
 
 COS_EPS = 1e-8  # guards cos of an all-zero layer (e.g. a BatchNorm bias at init): cos = 0 there
 

@@ -18,14 +18,14 @@ import torch
 from torch import Tensor, nn
 
 from fedagg.aggregators.base import Aggregator, sample_weights
-from fedagg.checkpoint import rng_state, save_checkpoint, set_rng_state
-from fedagg.client import ClientData, LocalSGD
-from fedagg.diagnostics import round_diagnostics
-from fedagg.evaluation import evaluate
-from fedagg.federation import Settings, sample_clients
-from fedagg.interrupts import StopRequests
-from fedagg.progress import RoundProgress
-from fedagg.params import ParamLayout, get_buffers, get_params, set_buffers, set_params
+from fedagg.loop.checkpoints import rng_state, save_checkpoint, set_rng_state
+from fedagg.clients.trainer import ClientData, LocalSGD
+from fedagg.loop.diagnostics import round_diagnostics
+from fedagg.loop.evaluation import evaluate
+from fedagg.loop.assembly import Settings, sample_clients
+from fedagg.loop.interrupts import StopRequests
+from fedagg.loop.progress import RoundProgress
+from fedagg.models.flat import ParamLayout, get_buffers, get_params, set_buffers, set_params
 from fedagg.tracking.base import Tracker
 from fedagg.tracking.files import CSVLog, clean_number, write_json
 

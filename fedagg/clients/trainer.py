@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 
-from fedagg.objectives import Objective
+from fedagg.clients.objectives import Objective
 
 SCHEDULES = ("constant", "exponential", "multistep")
 

@@ -2,10 +2,10 @@
 
 Clients are ordered by their number of local steps and cut into chunks of at most
 `chunk_size`; a chunk's parameters, buffers and momentum live as [K, ...] tensors, and
-every local step is one vmapped forward of the packed model (fedagg.packed) over the
+every local step is one vmapped forward of the packed model (fedagg.engines._packed) over the
 clients still training, one ordinary backward, and one StackedSGD step. Batches, shuffling
 and augmentation come from each client's own stream in the order a client trained alone
-draws them (fedagg.client_batches), so for the same seed this engine reproduces
+draws them (fedagg.clients.batches), so for the same seed this engine reproduces
 `SequentialEngine` to float tolerance: the reference it is tested against.
 """
 
@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from fedagg.client import ClientData, LocalSGD
-from fedagg.client_batches import BatchPlan, num_steps
-from fedagg.engine import RoundResult
-from fedagg.functional_sgd import StackedSGD
-from fedagg.packed import pack
+from fedagg.clients.trainer import ClientData, LocalSGD
+from fedagg.clients.batches import BatchPlan, num_steps
+from fedagg.engines.sequential import RoundResult
+from fedagg.clients.stacked_sgd import StackedSGD
+from fedagg.engines._packed import pack
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -80,7 +80,7 @@ class ParallelEngine:
         return [p.view(s).unsqueeze(0).repeat(k, *[1] * len(s)).contiguous() for p, s in zip(parts, self._pshapes)]
 
     def _unflatten_buffers(self, flat: Tensor, k: int) -> list[Tensor]:
-        """Like fedagg.params.set_buffers: integer buffers come back rounded."""
+        """Like fedagg.models.flat.set_buffers: integer buffers come back rounded."""
         out, offset = [], 0
         for b in self._btemplates:
             chunk = flat[offset: offset + b.numel()].view_as(b)

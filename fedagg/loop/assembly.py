@@ -12,8 +12,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from fedagg.client import ClientData
-from fedagg.seeding import generator, stream_seed
+from fedagg.clients.trainer import ClientData
+from fedagg.data.seeding import generator, stream_seed
 
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_VAL_FRAC = 0.1

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from fedagg.client import ClientData, LocalSGD
-from fedagg.evaluation import evaluate
-from fedagg.params import get_buffers, get_params, set_buffers, set_params
-from fedagg.seeding import generator
+from fedagg.clients.trainer import ClientData, LocalSGD
+from fedagg.loop.evaluation import evaluate
+from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
+from fedagg.data.seeding import generator
 
 
 @dataclass

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedagg.client import ClientData
+from fedagg.clients.trainer import ClientData
 from fedagg.data.device import apply_crop_flip, draw_crop_flip
-from fedagg.seeding import generator
+from fedagg.data.seeding import generator
 
 Selection = slice | Tensor  # chunk positions of a group of clients: a range, or an index tensor
 

@@ -1,0 +1,1 @@
+"""The round loop and its companions: assembly, the inputs provider, checkpoints, interrupts, progress, diagnostics."""
