@@ -1,3 +1,23 @@
-"""fedagg: simulate federated learning on one device and compare aggregation rules."""
+"""fedagg: simulate federated learning on one device and compare aggregation rules.
+
+The public API: `Aggregator` (FedAvg semantics; a method overrides one step), the
+`RoundInputs` it receives and the `Needs` it declares, and `run_experiment`, which runs
+what `python -m fedagg.run` runs and returns the run's summary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedagg.aggregators.base import Aggregator, FedAvg
+from fedagg.aggregators.inputs import Needs, RoundInputs, ServerData
 
 __version__ = "0.1.0"
+__all__ = ["Aggregator", "FedAvg", "Needs", "RoundInputs", "ServerData", "run_experiment"]
+
+
+def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:
+    """Run the job `python -m fedagg.run OVERRIDES hydra.run.dir=RUN_DIR` would run; return its summary.json."""
+    from fedagg.run import run_experiment as run  # Hydra only when asked for
+
+    return run(overrides, run_dir)

@@ -1,7 +1,8 @@
 """The Hydra edge: compose the config, instantiate the parts, run the federation.
 
 `python -m fedagg.run [group=option ...] [key=value ...]` (add `-m` for a sweep). Only this
-module imports Hydra; `train(cfg, run_dir)` is callable from tests with a composed config.
+module imports Hydra; `train(cfg, run_dir)` runs a composed config and
+`run_experiment(overrides, run_dir)` composes and runs one job as the command line does.
 """
 
 from __future__ import annotations
@@ -16,29 +17,22 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from fedagg.data.partition_report import save_partition_report
+from fedagg.loop.assembly import Parts, assemble
 from fedagg.loop.checkpoints import load_checkpoint
-from fedagg.data.device import DeviceData
-from fedagg.data.partition_report import partition_stats, save_partition_report
-from fedagg.loop.assembly import (
-    Settings,
-    build_model,
-    effective_val_frac,
-    hold_out_server_split,
-    make_clients,
-    resolve_device,
-    scaled_rounds,
-    shrink,
-)
-from fedagg.data.seeding import generator
-from fedagg.loop.round_loop import Federation, check_requirements, run_federation
+from fedagg.loop.round_loop import run_federation
+from fedagg.loop.settings import Settings, resolve_device
+from fedagg.loop.splits import scaled_rounds
 from fedagg.tracking.files import write_json
 
+CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine")
 RECORDED_CHOICES = (*GROUPS, "client/objective", "experiment")  # the group choices summary.json keeps
 log = logging.getLogger("fedagg")
@@ -119,18 +113,12 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
     if cfg.resume and previous is not None and previous.get("status") == "completed":
         log.info("%s already completed; skipping it (resume=true)", run_dir)
         return previous
-    tracker = None
     try:
         # everything that can reject the configuration is built before any data is loaded
         check_no_ignored_choice(cfg, choices)
         settings = settings_from(cfg)
         device = resolve_device(cfg.device)
-        aggregator = instantiate(cfg.aggregator)
-        trainer = instantiate(cfg.client)
-        engine = instantiate(cfg.engine)
-        partition = instantiate(cfg.partition)
-        model_factory = instantiate(cfg.model)
-        tracker = instantiate(cfg.logger)
+        parts = Parts(**{group: instantiate(cfg[group]) for group in GROUPS})
         checkpoint = load_checkpoint(run_dir, device) if cfg.resume else None
         if checkpoint is not None and (changed := _changed_keys(checkpoint["summary"]["config"], config)):
             raise ValueError(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "
@@ -139,25 +127,10 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
             torch.backends.cudnn.benchmark = False
-
+        fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        bundle = instantiate(cfg.dataset)(root=str(Path(cfg.data.root).expanduser()))
-        server_idx, pool = hold_out_server_split(
-            bundle.train_y.numel(), int(getattr(aggregator, "server_samples", 0)), settings.seed
-        )
-        pool_labels = bundle.train_y[pool]
-        parts = partition(pool_labels, settings.num_clients, generator=generator(settings.seed, "partition"))
-        parts, test_subset = shrink(parts, bundle.test_y.numel(), cfg.experiment_scale, settings.seed)
-        if test_subset is not None:
-            bundle.test_x, bundle.test_y = bundle.test_x[test_subset], bundle.test_y[test_subset]
-        save_partition_report(partition_stats(pool_labels, parts, bundle.num_classes), run_dir)
-        model = build_model(model_factory, bundle, settings.seed, device)
-        data = DeviceData(bundle, device, model.input_shape)
-        val_frac = effective_val_frac(trainer.val_frac, aggregator)
-        clients = make_clients([pool[p] for p in parts], val_frac, settings.seed, device)
-        fed = Federation(data, model, clients, aggregator, trainer, engine, tracker, server_idx.to(device))
-        check_requirements(fed)
+        save_partition_report(fed.partition, run_dir)
     except Exception as err:
         if previous is None:  # never overwrite what an earlier run of this directory recorded
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -168,18 +141,30 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
         raise
     log.info(
         "%s: %d train / %d test samples, %d clients, %s with %d parameters on %s",
-        bundle.name, bundle.train_y.numel(), bundle.test_y.numel(), len(clients),
-        type(model).__name__, sum(p.numel() for p in model.parameters()), device,
+        fed.data.name, fed.data.train_y.numel(), fed.data.test_y.numel(), len(fed.clients),
+        type(fed.model).__name__, sum(p.numel() for p in fed.model.parameters()), device,
     )
-    tracker.start(run_dir, config, name=run_dir.name)
-    tracker.log_image("partition", run_dir / "partition.png")
+    fed.tracker.start(run_dir, config, name=run_dir.name)
+    fed.tracker.log_image("partition", run_dir / "partition.png")
     try:
         summary = run_federation(fed, settings, run_dir, summary_base, checkpoint)
     finally:
-        tracker.finish(_read_summary(run_dir) or {"status": "failed"})
+        fed.tracker.finish(_read_summary(run_dir) or {"status": "failed"})
     log.info("%s: final test accuracy %.4f after %d rounds (%s)", summary["status"],
              summary["final_test_acc"] or 0.0, summary["rounds_completed"], run_dir)
     return summary
+
+
+def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:
+    """Compose `overrides` as `python -m fedagg.run OVERRIDES` does (searchpath and experiment files included),
+    run that one job in `run_dir` and return its summary. A bad configuration raises `SetupError`."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)  # `${hydra:runtime.choices...}` in experiment files resolves as on the CLI
+    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if k in RECORDED_CHOICES}
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return train(cfg, run_dir, choices)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -35,15 +36,18 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fedagg.aggregators.base import FedAvg  # noqa: E402
 from fedagg.clients.trainer import LocalSGD  # noqa: E402
 from fedagg.data.datasets import DatasetBundle, mnist  # noqa: E402
-from fedagg.data.device import DeviceData  # noqa: E402
 from fedagg.data.partition import dirichlet, iid  # noqa: E402
-from fedagg.engines.sequential import SequentialEngine  # noqa: E402
-from fedagg.loop.assembly import Settings, build_model, make_clients, sample_clients  # noqa: E402
-from fedagg.models.flat import get_buffers, get_params  # noqa: E402
-from fedagg.engines.parallel import ParallelEngine  # noqa: E402
 from fedagg.data.seeding import generator  # noqa: E402
+from fedagg.engines.base import RoundJob  # noqa: E402
+from fedagg.engines.parallel import ParallelEngine  # noqa: E402
+from fedagg.engines.sequential import SequentialEngine  # noqa: E402
+from fedagg.loop.assembly import Parts, assemble  # noqa: E402
+from fedagg.loop.settings import Settings, sample_clients  # noqa: E402
+from fedagg.loop.splits import build_model  # noqa: E402
+from fedagg.models.flat import get_buffers, get_params  # noqa: E402
 
 LIMIT_BATCH = 500
 
@@ -201,24 +205,23 @@ class LimitPass:
 
 def run_workload(w: Workload, args, device: torch.device, peak_flops: float) -> list[dict]:
     bundle = load_bundle(w, args.data_root)
-    labels = bundle.train_y
-    g = generator(0, "partition")
     if w.partition == "iid":
-        parts = iid(labels, w.num_clients, generator=g, samples_per_client=w.samples_per_client)
+        split = partial(iid, samples_per_client=w.samples_per_client)
     else:
-        parts = dirichlet(labels, w.num_clients, generator=g, alpha=0.5)
+        split = partial(dirichlet, alpha=0.5)
     factory = instantiate(OmegaConf.load(ROOT / "conf" / "model" / f"{w.model}.yaml"))
-    model = build_model(factory, bundle, 0, device)
-    data = DeviceData(bundle, device, model.input_shape)
-    clients = make_clients(parts, 0.0, 0, device)
     settings = Settings(seed=0, rounds=args.rounds + 1, num_clients=w.num_clients, clients_per_round=w.per_round)
     trainer_kw = dict(lr=0.05, momentum=0.0, local_epochs=1, batch_size=w.batch_size)
-    gp, gb = get_params(model), get_buffers(model)
     engines = {
         "sequential": SequentialEngine(),
         "parallel": ParallelEngine(chunk_size=args.chunk_size, precision=args.precision,
                                    channels_last=args.channels_last, compile=args.compile),
     }
+    fed = assemble(Parts(dataset=lambda root: bundle, partition=split, model=factory, aggregator=FedAvg(),
+                         client=LocalSGD(**trainer_kw), engine=engines["sequential"]), settings,
+                   data_root=args.data_root, device=device)
+    model, data, clients = fed.model, fed.data, fed.clients
+    gp, gb = get_params(model), get_buffers(model)
     limit = LimitPass(build_model(factory, bundle, 0, device), data, args)
     trainers = {name: LocalSGD(**trainer_kw) for name in engines}
     times = {name: [] for name in (*engines, "limit")}
@@ -237,8 +240,8 @@ def run_workload(w: Workload, args, device: torch.device, peak_flops: float) -> 
                 if name == "limit":
                     limit.train_round(idx)
                 else:
-                    out = engines[name].train_round(model, gp.clone(), gb.clone(), chosen, trainers[name], data,
-                                                    lr=0.05, seed=0, round=r)
+                    out = engines[name].train_round(RoundJob(model, trainers[name], data, chosen, gp.clone(),
+                                                             gb.clone(), lr=0.05, seed=0, round=r))
                 sync(device)
                 elapsed = time.perf_counter() - t0
             if r == 1 and name != "limit":

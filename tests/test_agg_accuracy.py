@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
+from fedagg import RoundInputs
 from fedagg.aggregators.accuracy import ABAVG, IDA, AccInverse
+from fedagg.aggregators.inputs import Needs
 
 W0 = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0])
 CLIENTS = torch.tensor([[1.5, -0.5, 2.0, 0.3, 0.0], [0.0, -1.0, 3.0, 0.2, 1.5], [0.4, 0.5, 1.0, -0.6, 1.2]])
@@ -16,7 +16,7 @@ ACC = torch.tensor([0.5, 0.25, 0.75])
 
 
 def run(agg, W=CLIENTS, acc=ACC, n=SAMPLES, ids=IDS, w=W0):
-    return agg.aggregate(w, W, n, client_ids=ids, round=1, val_acc=acc)
+    return agg.aggregate(RoundInputs.of(w, W, num_samples=n, client_ids=ids, val_acc=acc))
 
 
 def combine(p):
@@ -93,14 +93,11 @@ def test_identical_clients_and_single_client(make):
     assert agg.state_dict() == {}
 
 
-def test_accuracy_plumbing_for_the_round_loop():
-    assert ABAVG.requires == AccInverse.requires == frozenset({"val_acc"}) and IDA.requires == frozenset()
-    local = ABAVG()
-    assert (local.val_source, local.server_samples) == ("local", 0)
-    server = AccInverse(val_source="server", server_val_size=300)
-    assert (server.val_source, server.server_samples) == ("server", 300)
-    with pytest.raises(ValueError, match="val_acc"):
-        ABAVG().aggregate(W0, CLIENTS, SAMPLES, client_ids=IDS, round=1)
+def test_declared_needs_say_where_clients_are_scored():
+    assert ABAVG().needs == Needs(val_acc="local") and IDA().needs == Needs()
+    assert AccInverse(val_source="server", server_val_size=300).needs == Needs(val_acc="server", server_samples=300)
+    with pytest.raises(ValueError, match=r"reads inputs.val_acc but does not declare it"):
+        ABAVG().aggregate(RoundInputs.of(W0, CLIENTS, num_samples=SAMPLES))
 
 
 @pytest.mark.parametrize(
@@ -112,14 +109,3 @@ def test_accuracy_plumbing_for_the_round_loop():
 def test_bad_options_name_the_key(make, kwargs, key):
     with pytest.raises(ValueError, match=rf"aggregator\.{key}="):
         make(**kwargs)
-
-
-@pytest.mark.parametrize(
-    "name, cls, attrs",
-    [("abavg", ABAVG, {"val_source": "local", "server_samples": 0}),
-     ("acc_inverse", AccInverse, {"val_source": "local", "server_samples": 0, "eps": 1e-8}),
-     ("ida", IDA, {"reference": "mean", "eps": 1e-8})],
-)
-def test_yaml_instantiates_ready_object(name, cls, attrs):
-    agg = instantiate(OmegaConf.load(f"conf/aggregator/{name}.yaml"))
-    assert type(agg) is cls and all(getattr(agg, k) == v for k, v in attrs.items())

@@ -6,9 +6,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
+from fedagg import RoundInputs
 from fedagg.aggregators.ewwa import EWWA
 
 OPTIMIZERS = ("adam", "adagrad", "yogi")
@@ -68,7 +67,7 @@ def run_both(config, ids_per_round, seed=0, dtype=np.float64):
     for ids, delta in zip(ids_per_round, deltas):
         W = w[None, :] + delta
         rounds.append((w.astype(np.float64), W.astype(np.float64), np.array(ids)))
-        new = agg.aggregate(torch.from_numpy(w), torch.from_numpy(W), SAMPLES[: len(ids)], client_ids=torch.tensor(ids), round=len(rounds))
+        new = agg.aggregate(RoundInputs.of(torch.from_numpy(w), torch.from_numpy(W), num_samples=SAMPLES[: len(ids)], client_ids=torch.tensor(ids), round=len(rounds)))
         got.append((new, agg.last_weights.clone(), agg.m.clone(), agg.v.clone()))
         w = new.numpy()
     return got, reference(rounds, *config), rounds
@@ -103,7 +102,7 @@ def test_sequential_order_is_by_id_not_by_position(optimizer):
     w, W, _ = rounds[0]
     order = np.argsort(ids)
     agg = EWWA(*config)
-    new = agg.aggregate(torch.tensor(w), torch.tensor(W[order]), SAMPLES, client_ids=torch.tensor(sorted(ids)), round=1)
+    new = agg.aggregate(RoundInputs.of(torch.tensor(w), torch.tensor(W[order]), num_samples=SAMPLES, client_ids=torch.tensor(sorted(ids)), round=1))
     assert torch.equal(new, got[0][0])
     assert torch.equal(agg.last_weights, got[0][1][torch.from_numpy(order)])
     # processing in position order would be a different answer, so the test above can fail
@@ -115,7 +114,7 @@ def test_step_count_is_the_aggregators_not_the_round_argument():
     w, W = torch.zeros(4), torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.5, 1.0, -1.0, 2.0], [2.0, 0.0, 1.0, -1.0]])
     a, b = EWWA(), EWWA()
     ids = torch.tensor([0, 1, 2])
-    assert torch.equal(a.aggregate(w, W, SAMPLES, client_ids=ids, round=1), b.aggregate(w, W, SAMPLES, client_ids=ids, round=9))
+    assert torch.equal(a.aggregate(RoundInputs.of(w, W, num_samples=SAMPLES, client_ids=ids, round=1)), b.aggregate(RoundInputs.of(w, W, num_samples=SAMPLES, client_ids=ids, round=9)))
     assert b.state_dict()["step"] == 1
 
 
@@ -125,11 +124,11 @@ def test_identical_clients_and_single_client_come_back_exactly(config):
     client = torch.tensor([0.3, -0.2, 1.1, 0.05, 2.9])
     agg = EWWA(*config)
     for r in (1, 2):
-        new = agg.aggregate(w, client.repeat(3, 1), SAMPLES, client_ids=torch.tensor([2, 0, 1]), round=r)
+        new = agg.aggregate(RoundInputs.of(w, client.repeat(3, 1), num_samples=SAMPLES, client_ids=torch.tensor([2, 0, 1]), round=r))
         assert torch.equal(new, client)
         assert torch.all(agg.last_weights >= 0) and torch.isclose(agg.last_weights.sum(), torch.tensor(1.0))
     one = EWWA(*config)
-    assert torch.equal(one.aggregate(w, client[None], SAMPLES[:1], client_ids=torch.tensor([3]), round=1), client)
+    assert torch.equal(one.aggregate(RoundInputs.of(w, client[None], num_samples=SAMPLES[:1], client_ids=torch.tensor([3]), round=1)), client)
     assert torch.equal(one.last_weights, torch.ones(1))
 
 
@@ -147,9 +146,9 @@ def test_element_weights_are_non_negative_and_sum_to_one_per_element(weighting):
 def test_zero_updates_and_large_updates_stay_finite(config):
     w = torch.tensor([0.1, -0.7, 1.3, 0.0, 2.2])
     agg = EWWA(*config)
-    assert torch.equal(agg.aggregate(w, w.repeat(3, 1), SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=1), w)
+    assert torch.equal(agg.aggregate(RoundInputs.of(w, w.repeat(3, 1), num_samples=SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=1)), w)
     big = w + torch.tensor([[1e3], [-1e3], [5e2]]) * torch.arange(1.0, 6.0)
-    new = agg.aggregate(w, big, SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=2)
+    new = agg.aggregate(RoundInputs.of(w, big, num_samples=SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=2))
     assert torch.all(torch.isfinite(new)) and torch.all(torch.isfinite(agg.last_weights))
     assert torch.all(new >= big.min(dim=0).values) and torch.all(new <= big.max(dim=0).values)  # convex per element
 
@@ -160,20 +159,20 @@ def test_state_dict_round_trip_gives_bit_identical_next_round(moments):
     W1, W2 = torch.from_numpy(w + deltas[0]), torch.from_numpy(w + deltas[1])
     ids = torch.tensor([2, 0, 1])
     whole = EWWA(optimizer="yogi", moments=moments)
-    mid = whole.aggregate(torch.from_numpy(w), W1, SAMPLES, client_ids=ids, round=1)
+    mid = whole.aggregate(RoundInputs.of(torch.from_numpy(w), W1, num_samples=SAMPLES, client_ids=ids, round=1))
     state = whole.state_dict()
-    expected = whole.aggregate(mid, W2 + (mid - torch.from_numpy(w)), SAMPLES, client_ids=ids.flip(0), round=2)
+    expected = whole.aggregate(RoundInputs.of(mid, W2 + (mid - torch.from_numpy(w)), num_samples=SAMPLES, client_ids=ids.flip(0), round=2))
     resumed = EWWA(optimizer="yogi", moments=moments)
     resumed.load_state_dict(state)
-    got = resumed.aggregate(mid, W2 + (mid - torch.from_numpy(w)), SAMPLES, client_ids=ids.flip(0), round=2)
+    got = resumed.aggregate(RoundInputs.of(mid, W2 + (mid - torch.from_numpy(w)), num_samples=SAMPLES, client_ids=ids.flip(0), round=2))
     assert torch.equal(got, expected) and torch.equal(resumed.last_weights, whole.last_weights)
     assert state["step"] == 1 and not torch.equal(state["m"], whole.m)  # round 2 moved on from the saved state
 
 
 def test_buffers_are_averaged_with_sample_shares():
     agg = EWWA()
-    agg.aggregate(torch.zeros(2), torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=1)
-    assert torch.allclose(agg.buffer_weights(SAMPLES), torch.tensor([1 / 6, 1 / 2, 1 / 3]))
+    agg.aggregate(RoundInputs.of(torch.zeros(2), torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), num_samples=SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=1))
+    assert torch.allclose(agg.buffer_weights(RoundInputs.of(torch.zeros(2), torch.zeros(3, 2), num_samples=SAMPLES)), torch.tensor([1 / 6, 1 / 2, 1 / 3]))
 
 
 @pytest.mark.parametrize(
@@ -186,8 +185,7 @@ def test_bad_options_raise_naming_the_key(kwargs, key):
         EWWA(**kwargs)
 
 
-def test_yaml_instantiates_ready_object_with_spec_defaults():
-    agg = instantiate(OmegaConf.load("conf/aggregator/ewwa.yaml"))
-    assert isinstance(agg, EWWA)
+def test_defaults_are_specs():
+    agg = EWWA()
     assert (agg.optimizer, agg.moments, agg.weighting) == ("adam", "shared_sequential", "log_shift")
     assert (agg.lr, agg.beta1, agg.beta2, agg.eps) == (1.0, 0.9, 0.999, 1e-8)

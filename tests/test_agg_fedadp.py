@@ -5,9 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
+from fedagg import RoundInputs
 from fedagg.aggregators.base import FedAvg
 from fedagg.aggregators.fedadp import FedAdp
 
@@ -37,7 +36,7 @@ def reference(w, W, n, ids, r, angles, counts, alpha=5.0, smoothing="round", use
 
 
 def run(agg, w, W, n, ids, r):
-    return agg.aggregate(w, W, n, client_ids=ids, round=r)
+    return agg.aggregate(RoundInputs.of(w, W, num_samples=n, client_ids=ids, round=r))
 
 
 @pytest.mark.parametrize("smoothing", ["round", "participation"])
@@ -134,6 +133,6 @@ def test_bad_options_name_the_key(kwargs, key):
         FedAdp(**kwargs)
 
 
-def test_yaml_instantiates_ready_object():
-    agg = instantiate(OmegaConf.load("conf/aggregator/fedadp.yaml"))
-    assert isinstance(agg, FedAdp) and (agg.alpha, agg.smoothing, agg.use_sizes) == (5.0, "round", True)
+def test_defaults_are_specs():
+    agg = FedAdp()
+    assert (agg.alpha, agg.smoothing, agg.use_sizes) == (5.0, "round", True)

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from torch import nn
 
+from fedagg import RoundInputs
 from fedagg.aggregators.fedlaw import FedLAW
+from fedagg.aggregators.inputs import Needs, ServerData
 from fedagg.models.flat import ParamLayout, get_buffers, get_params
 
 Q = np.array([0.7, 0.25, 0.6])  # label-1 fraction per unit vector: 14, 5 and 12 of 20
@@ -59,8 +59,9 @@ class SmallBN(nn.Module):
 
 def run(agg, clients, model, x=X, y=Y, n=SAMPLES, r=1):
     clients = torch.as_tensor(clients, dtype=torch.float32)
-    return agg.aggregate(clients[0] * 0, clients, n, client_ids=torch.arange(len(clients)), round=r,
-                         layout=ParamLayout.of(model), server_x=x, server_y=y, model=model)
+    server = ServerData(x, y, model, {name: b.clone() for name, b in model.named_buffers()})
+    return agg.aggregate(RoundInputs.of(clients[0] * 0, clients, num_samples=n, round=r, layout=ParamLayout.of(model),
+                                        server=server))
 
 
 def test_closed_form_optimum_check():  # guards the test's own construction
@@ -76,10 +77,11 @@ def test_learns_the_known_shrink_factor_and_weights():
     gamma_star, lam_star = c.sum(), c / c.sum()
     agg = FedLAW(server_epochs=300, **FAST)
     new = run(agg, W_CLIENTS, Toy())
-    assert agg.last_gamma == pytest.approx(gamma_star, abs=0.01)
+    gamma = agg.last_gamma
+    assert gamma == pytest.approx(gamma_star, abs=0.01)
     assert np.allclose(agg.last_weights.numpy(), lam_star, atol=0.01)
     assert np.allclose(new.numpy(), np.log(Q / (1 - Q)), atol=0.01)  # γ Σ λ_k W_k with the learned values
-    assert torch.allclose(new, agg.last_gamma * (agg.last_weights @ torch.tensor(W_CLIENTS, dtype=torch.float32)))
+    assert torch.allclose(new, gamma * (agg.last_weights @ torch.tensor(W_CLIENTS, dtype=torch.float32)))
 
 
 def test_moves_all_weight_to_the_client_that_is_the_optimum():
@@ -140,9 +142,8 @@ def test_numerical_safety():
 
 def test_needs_server_data():
     model = Toy()
-    with pytest.raises(ValueError, match="server_x"):
-        FedLAW().aggregate(torch.zeros(3), torch.zeros(3, 3), SAMPLES, client_ids=torch.arange(3), round=1,
-                           layout=ParamLayout.of(model))
+    with pytest.raises(ValueError, match="reads inputs.server but does not declare it"):
+        FedLAW().aggregate(RoundInputs.of(torch.zeros(3), torch.zeros(3, 3), layout=ParamLayout.of(model)))
 
 
 @pytest.mark.parametrize("kwargs, key", [
@@ -155,8 +156,8 @@ def test_bad_values_name_the_key(kwargs, key):
         FedLAW(**kwargs)
 
 
-def test_yaml_instantiates_ready_object_marked_as_using_extra_data():
-    agg = instantiate(OmegaConf.load("conf/aggregator/fedlaw.yaml"))
-    assert isinstance(agg, FedLAW) and agg.requires == frozenset({"server_data"}) and agg.uses_extra_data
-    assert (agg.server_samples, agg.server_epochs, agg.server_lr, agg.betas) == (200, 100, 0.01, (0.5, 0.999))
+def test_defaults_are_specs_and_mark_the_run_as_using_extra_data():
+    agg = FedLAW()
+    assert agg.needs == Needs(server_samples=200, server_data=True) and agg.needs.uses_extra_data
+    assert (agg.server_epochs, agg.server_lr, agg.betas) == (100, 0.01, (0.5, 0.999))
     assert "reference only" in open("conf/aggregator/fedlaw.yaml").read()

@@ -1,10 +1,18 @@
-"""Local SGD: learning-rate schedules, persistent optimizer state, validation errors."""
+"""Local SGD: learning-rate schedules, the SGD it runs, persistent optimizer state, validation errors."""
+
+import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-from fedagg.clients.trainer import ClientData, LocalSGD
+from fedagg.clients.client import ClientData
+from fedagg.clients.trainer import LocalSGD
+from fedagg.data.seeding import generator
+from fedagg.engines.base import RoundJob
+from fedagg.engines.sequential import SequentialEngine
+from fedagg.models.flat import get_buffers, get_params, set_params
 
 
 def test_exponential_schedule_decays_per_round():
@@ -33,21 +41,16 @@ def test_bad_values_name_the_key_and_value(kwargs, key):
         LocalSGD(**kwargs)
 
 
-class _Data:
-    """Four 1-feature samples on the CPU; enough to drive one client's SGD by hand."""
-
-    device = torch.device("cpu")
-
-    def __init__(self):
-        self.x = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
-        self.y = torch.tensor([0, 1, 0, 1])
-
-    def train_batch(self, idx, generator=None):
-        return self.x[idx], self.y[idx]
+def _data():
+    """Four 1-feature samples on the CPU, served as they are: enough to drive one client's SGD by hand."""
+    return SimpleNamespace(device=torch.device("cpu"), augment=False, train_x=torch.tensor([[1.0], [2.0], [3.0], [4.0]]),
+                           train_y=torch.tensor([0, 1, 0, 1]), prepare=lambda x: x)
 
 
-def _train_once(trainer, model, client):
-    return trainer.train(model, client, _Data(), lr=0.1, generator=torch.Generator().manual_seed(0))
+def _train_once(trainer, model, client, lr=0.1, round=1):
+    """One round of `client` from the model's current weights, by the reference engine; the weights it ends with."""
+    job = RoundJob(model, trainer, _data(), [client], get_params(model), get_buffers(model), lr=lr, seed=0, round=round)
+    return SequentialEngine().train_round(job)
 
 
 def test_one_full_batch_step_equals_manual_sgd():
@@ -60,10 +63,36 @@ def test_one_full_batch_step_equals_manual_sgd():
     with torch.no_grad():
         for p, s in zip(ref.parameters(), start):
             p.copy_(s)
-    loss = nn.functional.cross_entropy(ref(_Data().x), _Data().y)
+    loss = nn.functional.cross_entropy(ref(_data().train_x), _data().train_y)
     grads = torch.autograd.grad(loss, list(ref.parameters()))
     for p, s, g in zip(model.parameters(), start, grads):
         assert torch.allclose(p, s - 0.1 * g, atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [dict(momentum=0.9, nesterov=True, weight_decay=1e-2), dict(momentum=0.5)])
+def test_local_training_is_torch_sgd_over_the_planned_batches_bit_for_bit(options):
+    """The shared definition (plan, loss, stacked SGD) run by the reference engine is exactly a plain
+    PyTorch loop of torch.optim.SGD over the client's batches, in the order its stream draws them."""
+    torch.manual_seed(0)
+    x, y = torch.randn(23, 5), torch.randint(0, 3, (23,))
+    data = SimpleNamespace(device=torch.device("cpu"), augment=False, train_x=x, train_y=y, prepare=lambda t: t)
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+    plain = copy.deepcopy(model)
+    client = ClientData(4, torch.arange(23), torch.arange(0))
+    trainer = LocalSGD(lr=0.1, batch_size=5, local_epochs=2, **options)
+    out = SequentialEngine().train_round(RoundJob(model, trainer, data, [client], get_params(model), get_buffers(model),
+                                                  lr=0.1, seed=7, round=3))
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1, **options)
+    g, seen, total = generator(7, "batches", 4, 3), 0, 0.0
+    for _ in range(2):
+        for batch in torch.randperm(23, generator=g).split(5):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(plain(x[batch]), y[batch])
+            loss.backward()
+            opt.step()
+            total, seen = total + float(loss.detach()) * len(batch), seen + len(batch)
+    assert torch.equal(out.params[0], get_params(plain))
+    assert out.train_loss[0] == pytest.approx(total / seen, rel=1e-6) and out.local_steps.tolist() == [10]
 
 
 def test_kept_optimizer_state_carries_momentum_into_the_next_round():
@@ -73,12 +102,9 @@ def test_kept_optimizer_state_carries_momentum_into_the_next_round():
     for trainer in (kept, fresh):
         torch.manual_seed(0)
         model = nn.Linear(1, 2)
-        init = [p.detach().clone() for p in model.parameters()]
+        init = get_params(model)
         _train_once(trainer, model, client)
-        with torch.no_grad():  # the next round starts from the same weights again
-            for p, s in zip(model.parameters(), init):
-                p.copy_(s)
-        _train_once(trainer, model, client)
-        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        set_params(model, init)  # the next round starts from the same weights again
+        results.append(_train_once(trainer, model, client, round=2).params[0])
     assert 3 in kept.optimizer_states and not fresh.optimizer_states
     assert not torch.allclose(results[0], results[1])  # momentum from round 1 moved round 2 further

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
+import fedagg
+from fedagg import RoundInputs
 from fedagg.aggregators.base import FedAvg
 
 W_GLOBAL = torch.tensor([1.0, 1.0, 1.0, 1.0])
@@ -15,27 +15,27 @@ IDS = torch.tensor([0, 1, 2])
 
 def test_sample_weighting_matches_hand_computation():
     # D = [1/4, 1/2, 1/4]: 1/4*[1,2,3,4] + 1/2*[2,0,0,-2] + 1/4*[0,3,0,3]
-    new = FedAvg().aggregate(W_GLOBAL, W_CLIENTS, SAMPLES, client_ids=IDS, round=1)
+    new = FedAvg().aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS, round=1))
     assert torch.allclose(new, torch.tensor([1.25, 1.25, 0.75, 0.75]))
 
 
 def test_uniform_weighting_is_the_plain_mean():
     agg = FedAvg(weighting="uniform")
-    new = agg.aggregate(W_GLOBAL, W_CLIENTS, SAMPLES, client_ids=IDS, round=1)
+    new = agg.aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS, round=1))
     assert torch.allclose(new, torch.tensor([1.0, 5.0 / 3.0, 1.0, 5.0 / 3.0]))
     assert torch.allclose(agg.last_weights, torch.full((3,), 1.0 / 3.0))
 
 
 def test_reports_the_weights_it_used():
     agg = FedAvg()
-    agg.aggregate(W_GLOBAL, W_CLIENTS, SAMPLES, client_ids=IDS, round=1)
+    agg.aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS, round=1))
     assert torch.allclose(agg.last_weights, torch.tensor([0.25, 0.5, 0.25]))
 
 
 def test_identical_clients_return_that_client_and_single_client_is_itself():
     same = W_CLIENTS[:1].repeat(3, 1)
-    assert torch.equal(FedAvg().aggregate(W_GLOBAL, same, SAMPLES, client_ids=IDS, round=1), W_CLIENTS[0])
-    one = FedAvg().aggregate(W_GLOBAL, W_CLIENTS[1:2], SAMPLES[1:2], client_ids=IDS[1:2], round=1)
+    assert torch.equal(FedAvg().aggregate(RoundInputs.of(W_GLOBAL, same, num_samples=SAMPLES, client_ids=IDS, round=1)), W_CLIENTS[0])
+    one = FedAvg().aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS[1:2], num_samples=SAMPLES[1:2], client_ids=IDS[1:2], round=1))
     assert torch.equal(one, W_CLIENTS[1])
 
 
@@ -44,7 +44,19 @@ def test_unknown_weighting_names_key_value_and_choices():
         FedAvg(weighting="size")
 
 
-def test_yaml_instantiates_ready_object():
-    agg = instantiate(OmegaConf.load("conf/aggregator/fedavg.yaml"))
-    assert isinstance(agg, FedAvg) and agg.weighting == "samples"
-    assert agg.state_dict() == {}
+class InverseSize(fedagg.Aggregator):
+    """Overrides only how clients are weighted: p_k proportional to 1 / n_k."""
+
+    def client_weights(self, inputs: RoundInputs):
+        inverse = 1.0 / inputs.num_samples.float()
+        return inverse / inverse.sum()
+
+
+def test_a_subclass_overriding_only_client_weights_gets_fedavgs_update_with_its_weights():
+    agg = InverseSize()
+    new = agg.aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS))
+    p = torch.tensor([0.4, 0.2, 0.4])  # 1/n = [1, 1/2, 1], normalised
+    assert torch.allclose(agg.last_weights, p)
+    assert torch.allclose(new, W_GLOBAL + p @ (W_CLIENTS - W_GLOBAL))  # w + sum_k p_k (W_k - w)
+    assert torch.allclose(new, torch.tensor([0.8, 2.0, 1.2, 2.4]))  # by hand
+    assert agg.buffer_weights(RoundInputs.of(W_GLOBAL, W_CLIENTS)) is agg.last_weights  # buffers follow the weights

@@ -1,16 +1,22 @@
 """Client sampling, validation splits and buffer handling of the round loop."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
 from conftest import compose_config
-from fedagg.loop.assembly import Settings, make_clients, sample_clients
+from fedagg.clients.client import ClientData
+from fedagg.clients.trainer import LocalSGD
+from fedagg.engines.base import RoundJob
+from fedagg.engines.sequential import SequentialEngine
+from fedagg.loop.round_loop import combine_buffers
+from fedagg.loop.settings import Settings, sample_clients
+from fedagg.loop.splits import make_clients
 from fedagg.models.flat import ParamLayout, get_buffers, get_params, set_buffers, set_params
 from fedagg.run import train
-from fedagg.loop.round_loop import combine_buffers
 
 
 def test_sampling_is_seeded_sorted_and_varies_by_round():
@@ -102,20 +108,15 @@ def test_set_params_copies_so_training_never_writes_into_the_global_vector():
 
 
 def test_every_client_starts_from_the_global_model(tmp_path):
-    from fedagg.clients.trainer import ClientData, LocalSGD
-    from fedagg.engines.sequential import SequentialEngine
-    from types import SimpleNamespace
-
-    x = torch.randn(8, 3)
-    y = torch.tensor([0, 1] * 4)
-    data = SimpleNamespace(device=torch.device("cpu"), train_batch=lambda idx, g=None: (x[idx], y[idx]))
+    data = SimpleNamespace(device=torch.device("cpu"), augment=False, train_x=torch.randn(8, 3),
+                           train_y=torch.tensor([0, 1] * 4), prepare=lambda x: x)
     model = nn.Linear(3, 2)
     w = get_params(model)
     before = w.clone()
     same = torch.arange(8)
     clients = [ClientData(0, same, same[:0]), ClientData(1, same, same[:0])]
     # identical data; batch order depends on the client id, so use one full batch: both must end equal
-    result = SequentialEngine().train_round(model, w, get_buffers(model), clients, LocalSGD(batch_size=8), data,
-                                            lr=0.1, seed=0, round=1)
+    result = SequentialEngine().train_round(RoundJob(model, LocalSGD(batch_size=8), data, clients, w, get_buffers(model),
+                                                     lr=0.1, seed=0, round=1))
     assert torch.equal(w, before)
     assert torch.equal(result.params[0], result.params[1]) and not torch.equal(result.params[0], w)

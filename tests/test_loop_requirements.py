@@ -1,4 +1,5 @@
-"""What the loop supplies to aggregators (val_acc, server split) and the weights it records."""
+"""What the loop supplies to aggregators for what they declare (val_acc, server split, label
+histograms, local steps, client-half payloads), and the weights it records."""
 
 import csv
 import json
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from conftest import compose_config
-from fedagg.aggregators.base import Aggregator
+from fedagg import Aggregator, Needs, RoundInputs
+from fedagg.clients.objectives import Objective
 from fedagg.loop.diagnostics import round_diagnostics, weight_spread
 from fedagg.run import train
 
@@ -16,17 +18,16 @@ from fedagg.run import train
 class RecordingByAccuracy(Aggregator):
     """Weights clients by the validation accuracy the loop hands it, and remembers what it saw."""
 
-    requires = frozenset({"val_acc"})
     seen: list = []
 
     def __init__(self, val_source="local", server_val_size=0, weighting="samples"):
         super().__init__(weighting)
-        self.val_source = val_source
-        self.server_samples = server_val_size if val_source == "server" else 0
+        self.needs = Needs(val_acc=val_source, server_samples=server_val_size if val_source == "server" else 0)
 
-    def client_weights(self, num_samples, *, val_acc, all_num_samples, **context):
-        RecordingByAccuracy.seen.append((val_acc.clone(), num_samples.clone(), all_num_samples.clone()))
-        return val_acc / val_acc.sum()
+    def client_weights(self, inputs: RoundInputs):
+        RecordingByAccuracy.seen.append((inputs.val_acc.clone(), inputs.num_samples.clone(),
+                                         inputs.all_num_samples.clone()))
+        return inputs.val_acc / inputs.val_acc.sum()
 
 
 def _rows(path):
@@ -97,19 +98,13 @@ def test_diagnostics_on_hand_made_updates():
 class RecordingHistAndServer(Aggregator):
     """Asks for label histograms and 50 server samples; remembers what it was given."""
 
-    requires = frozenset({"label_hist", "server_data"})
-    server_samples = 50
-    uses_extra_data = True
+    needs = Needs(label_hist=True, server_samples=50, server_data=True)
     seen: list = []
 
-    def client_weights(self, num_samples, *, label_hist, global_label_hist, server_x, server_y, model, **context):
-        RecordingHistAndServer.seen.append((label_hist.clone(), global_label_hist.clone(), server_x.shape, server_y.clone()))
-        return super().client_weights(num_samples)
-
-
-class PairedServer(Aggregator):
-    pairs_with = "feddyn"
-    alpha = 0.01
+    def client_weights(self, inputs: RoundInputs):
+        RecordingHistAndServer.seen.append((inputs.label_hist.clone(), inputs.global_label_hist.clone(),
+                                            inputs.server.x.shape, inputs.server.y.clone(), inputs.val_acc))
+        return super().client_weights(inputs)
 
 
 def test_label_histograms_and_server_data_reach_the_aggregator(tmp_path):
@@ -118,21 +113,75 @@ def test_label_histograms_and_server_data_reach_the_aggregator(tmp_path):
                          f"aggregator._target_={__name__}.RecordingHistAndServer", "~aggregator.weighting")
     summary = train(cfg, tmp_path)
     part = json.loads((tmp_path / "partition.json").read_text())
-    hist, global_hist, x_shape, y = RecordingHistAndServer.seen[0]
+    hist, global_hist, x_shape, y, val_acc = RecordingHistAndServer.seen[0]
     chosen = [int(r["client"]) for r in _rows(tmp_path / "weights.csv")]
     assert hist.tolist() == [[float(c) for c in part["clients"][i]["class_counts"]] for i in chosen]
     assert global_hist.tolist() == [float(sum(c["class_counts"][j] for c in part["clients"])) for j in range(10)]
     assert x_shape == (50, 1, 8, 8) and y.shape == (50,) and part["total"] == 1437 - 50
+    assert val_acc is None  # not declared, not computed
     assert summary["server_samples"] == 50 and summary["uses_extra_data"] is True
 
 
-def test_server_half_without_its_client_half_is_refused(tmp_path):
-    agg = f"aggregator._target_={__name__}.PairedServer"
-    with pytest.raises(ValueError, match=r"do not belong together; use client/objective=feddyn"):
-        train(compose_config("rounds=1", agg), tmp_path / "a")
-    with pytest.raises(ValueError, match=r"do not belong together; use aggregator=feddyn"):
-        train(compose_config("rounds=1", "client/objective=feddyn"), tmp_path / "b")
-    with pytest.raises(ValueError, match=r"client.objective.alpha=0.1 must be equal"):
-        train(compose_config("rounds=1", agg, "client/objective=feddyn", "client.objective.alpha=0.1"), tmp_path / "c")
-    ok = train(compose_config("rounds=1", "device=cpu", agg, "client/objective=feddyn"), tmp_path / "d")
-    assert ok["status"] == "completed"
+class StepsAndPayloads(Aggregator):
+    """Declares local steps and a client half whose payload is each client's id and step count."""
+
+    seen: list = []
+
+    def __init__(self):
+        super().__init__()
+        self.needs = Needs(local_steps=True, client_half=Reporter())
+
+    def client_weights(self, inputs: RoundInputs):
+        StepsAndPayloads.seen.append((inputs.client_ids.clone(), inputs.local_steps.clone(),
+                                      {k: v.clone() for k, v in inputs.payloads.items()}))
+        return super().client_weights(inputs)
+
+
+class Reporter(Objective):
+    """A client half that adds nothing to the loss and sends its id, steps, lr and trained-parameter sum."""
+
+    def after_training(self, client_id, trained, global_params, work):
+        return {"id": torch.tensor(client_id), "steps": torch.tensor(work.steps), "lr": torch.tensor(work.lr),
+                "moved": (trained - global_params).abs().sum()}
+
+
+@pytest.mark.parametrize("engine", ["sequential", "parallel"])
+def test_local_steps_and_client_half_payloads_reach_the_aggregator_by_client(tmp_path, engine):
+    StepsAndPayloads.seen = []
+    cfg = compose_config("rounds=2", "device=cpu", "clients_per_round=4", "client.batch_size=16", f"engine={engine}",
+                         f"aggregator._target_={__name__}.StepsAndPayloads", "~aggregator.weighting")
+    train(cfg, tmp_path)
+    sizes = {c["id"]: c["size"] for c in json.loads((tmp_path / "partition.json").read_text())["clients"]}
+    for ids, steps, payloads in StepsAndPayloads.seen:
+        # two local epochs of ceil(n / 16) steps each; the payload rows follow the same client order
+        assert steps.tolist() == [2 * -(-sizes[i] // 16) for i in ids.tolist()]
+        assert payloads["id"].tolist() == ids.tolist() and payloads["steps"].tolist() == steps.tolist()
+        assert payloads["lr"].tolist() == pytest.approx([0.05] * 4) and bool((payloads["moved"] > 0).all())
+
+
+def test_a_method_with_a_client_half_runs_it_and_refuses_a_second_objective(tmp_path):
+    summary = train(compose_config("rounds=2", "device=cpu", "clients_per_round=4", "aggregator=feddyn"), tmp_path / "a")
+    assert summary["status"] == "completed"
+    ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
+    chosen = {int(r["client"]) for r in _rows(tmp_path / "a" / "weights.csv")}
+    # the client half kept a gradient state for exactly the clients that trained
+    assert set(ckpt["trainer"]["objective"]["grad_state"]) == chosen
+    with pytest.raises(ValueError, match=r"brings its own client half \(FedDynClient\); client objective FedProx "
+                                         r"cannot be added to it: use client/objective=none"):
+        train(compose_config("rounds=1", "aggregator=feddyn", "client/objective=fedprox"), tmp_path / "b")
+    with pytest.raises(ValueError, match=r"client/objective=feddyn is not a choice of its own any more: feddyn is one "
+                                         r"method with both halves; use aggregator=feddyn"):
+        train(compose_config("rounds=1", "aggregator=feddyn", "client/objective=feddyn"), tmp_path / "c")
+
+
+class Unstackable(Objective):
+    adds_to_loss = True
+    stackable = False
+
+
+def test_parallel_engine_refuses_an_objective_it_cannot_stack(tmp_path):
+    cfg = compose_config("rounds=1", "engine=parallel", f"client.objective._target_={__name__}.Unstackable")
+    with pytest.raises(ValueError, match=r"^engine=parallel cannot stack client objective Unstackable \(it declares "
+                                         r"stackable = False\); use engine=sequential$"):
+        train(cfg, tmp_path)
+    assert not (tmp_path / "metrics.csv").exists()

@@ -11,17 +11,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedagg.clients.trainer import ClientData, LocalSGD
+from fedagg.aggregators.feddyn import FedDynClient
 from fedagg.clients.batches import BatchPlan, num_steps
+from fedagg.clients.client import ClientData
+from fedagg.clients.objectives import FedProx
+from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
+from fedagg.data.seeding import generator
+from fedagg.engines.base import RoundJob
+from fedagg.engines.parallel import ParallelEngine
 from fedagg.engines.sequential import SequentialEngine
 from fedagg.models.cnns import CNNSmall
+from fedagg.models.flat import get_buffers, get_params
 from fedagg.models.resnet_cifar import ResNet20
 from fedagg.models.simple import MLP
-from fedagg.clients.objectives import FedDyn, FedProx
-from fedagg.models.flat import get_buffers, get_params
-from fedagg.engines.parallel import ParallelEngine
-from fedagg.data.seeding import generator
 
 TOL = 1e-4
 
@@ -47,8 +50,8 @@ def _setup(model_cls, channels, size, sizes, augment, val=2):
 def _two_rounds(engine, model, start, data, clients, trainer, lr):
     """Two rounds from the same global weights (the second sees kept optimizer and objective state)."""
     val = [c.val_idx for c in clients]
-    return [engine.train_round(model, start[0].clone(), start[1].clone(), clients, trainer, data, lr=lr, seed=3,
-                               round=r, val_indices=val) for r in (1, 2)]
+    return [engine.train_round(RoundJob(model, trainer, data, clients, start[0].clone(), start[1].clone(), lr=lr, seed=3,
+                                        round=r, val_indices=val)) for r in (1, 2)]
 
 
 def _rel(a, b):
@@ -59,7 +62,7 @@ CASES = {
     # model, channels, image size, client sizes, augment, trainer options, objective, engine options
     "mlp": (MLP, 1, 8, [7, 26, 13, 40], False,
             dict(lr=0.05, momentum=0.9, batch_size=6, local_epochs=2, weight_decay=1e-3),
-            lambda: FedDyn(alpha=0.1), dict(chunk_size=3)),
+            lambda: FedDynClient(alpha=0.1), dict(chunk_size=3)),
     "cnn": (CNNSmall, 1, 28, [9, 21, 14], True,
             dict(lr=0.05, momentum=0.9, nesterov=True, batch_size=8, local_epochs=2),
             lambda: FedProx(mu=0.1), dict()),
@@ -91,7 +94,7 @@ def test_parallel_round_matches_sequential(case):
         assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
         for i in b["state"]:  # sums of gradients, which are more sensitive than the weights
             assert _rel(a["state"][i]["momentum_buffer"], b["state"][i]["momentum_buffer"]) < 10 * TOL
-    if isinstance(ref_trainer.objective, FedDyn):
+    if isinstance(ref_trainer.objective, FedDynClient):
         for cid in (c.id for c in clients):
             assert _rel(par_trainer.objective.grad_state[cid], ref_trainer.objective.grad_state[cid]) < TOL
 
@@ -111,7 +114,8 @@ def test_batch_plan_serves_each_client_the_batches_it_draws_alone():
                 (n, sel), = [(n, sel) for n, sel in plan.groups[t] if k in torch.arange(len(ordered))[sel]]
                 row = int((torch.arange(len(ordered))[sel] == k).nonzero())
                 px, py = plan.batch(t, n, sel)
-                assert n == len(batch) and torch.equal(px[row], x) and torch.equal(py[row], y)
+                assert n == len(batch) and torch.equal(px.view(-1, n, *x.shape[1:])[row], x)
+                assert torch.equal(py.view(-1, n)[row], y)
                 t += 1
         assert plan.steps[k] == t and all(k not in torch.arange(len(ordered))[sel]
                                           for step in plan.groups[t:] for _, sel in step)
@@ -121,8 +125,8 @@ def test_chunking_and_channels_last_leave_results_unchanged():
     model, data, clients = _setup(CNNSmall, 1, 28, [9, 21, 14], True)
     trainer = dict(lr=0.05, momentum=0.5, batch_size=8)
     gp, gb = get_params(model), get_buffers(model)
-    outs = [ParallelEngine(**kw).train_round(model, gp, gb, clients, LocalSGD(**trainer), data, lr=0.05, seed=0,
-                                             round=1)
+    outs = [ParallelEngine(**kw).train_round(RoundJob(model, LocalSGD(**trainer), data, clients, gp, gb, lr=0.05, seed=0,
+                                                      round=1))
             for kw in (dict(), dict(chunk_size=1), dict(channels_last=True))]
     for out in outs[1:]:
         assert _rel(out.params, outs[0].params) < TOL
@@ -132,8 +136,8 @@ def test_chunking_and_channels_last_leave_results_unchanged():
 def test_bf16_autocast_stays_close_to_fp32():
     model, data, clients = _setup(CNNSmall, 1, 28, [9, 21], False)
     gp, gb = get_params(model), get_buffers(model)
-    outs = [ParallelEngine(precision=p).train_round(model, gp, gb, clients, LocalSGD(lr=0.05, batch_size=8), data,
-                                                    lr=0.05, seed=0, round=1) for p in ("fp32", "bf16")]
+    outs = [ParallelEngine(precision=p).train_round(RoundJob(model, LocalSGD(lr=0.05, batch_size=8), data, clients, gp, gb,
+                                                             lr=0.05, seed=0, round=1)) for p in ("fp32", "bf16")]
     assert outs[1].params.dtype == torch.float32
     assert _rel(outs[1].params - gp, outs[0].params - gp) < 0.1  # the update, to bf16's precision
 
@@ -142,8 +146,8 @@ def test_bf16_autocast_stays_close_to_fp32():
 def test_compiled_engine_matches_eager():
     model, data, clients = _setup(CNNSmall, 1, 28, [9, 21, 14], True)
     gp, gb = get_params(model), get_buffers(model)
-    outs = [ParallelEngine(compile=c).train_round(model, gp, gb, clients, LocalSGD(lr=0.05, batch_size=8), data,
-                                                  lr=0.05, seed=0, round=1) for c in (False, True)]
+    outs = [ParallelEngine(compile=c).train_round(RoundJob(model, LocalSGD(lr=0.05, batch_size=8), data, clients, gp, gb,
+                                                           lr=0.05, seed=0, round=1)) for c in (False, True)]
     assert _rel(outs[1].params, outs[0].params) < TOL
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import ROOT, SHARED_DATA, compose_config, needs_mnist
+from fedagg.loop.settings import Settings, sample_clients
 from fedagg.run import train
 
 
@@ -69,6 +70,14 @@ def test_stop_at_target_ends_the_run_at_the_round_that_reaches_it(tmp_path):
 def test_partial_participation_and_uniform_weighting_run(tmp_path, small_run):
     summary = train(compose_config(*small_run, "clients_per_round=3", "aggregator.weighting=uniform"), tmp_path)
     assert summary["status"] == "completed"
+    rows = _rows(tmp_path / "weights.csv")
+    sizes = {c["id"]: c["size"] for c in json.loads((tmp_path / "partition.json").read_text())["clients"]}
+    chosen = [sorted(int(r["client"]) for r in rows if r["round"] == str(k)) for k in (1, 2)]
+    # the seeded sampling stream picks 3 distinct clients a round, and not the same 3 both times here
+    assert [len(set(c)) for c in chosen] == [3, 3] and chosen[0] != chosen[1]
+    assert chosen == [sample_clients(Settings(seed=0, num_clients=10, clients_per_round=3), r) for r in (1, 2)]
+    for r in rows:  # uniform: 1/3 each, whatever the client's size, which weights.csv records beside it
+        assert float(r["weight"]) == pytest.approx(1 / 3) and int(r["num_samples"]) == sizes[int(r["client"])]
 
 
 def test_offline_wandb_run_leaves_a_syncable_folder(tmp_path, small_run, monkeypatch):

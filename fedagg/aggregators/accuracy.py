@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.inputs import VAL_SOURCES, Needs, RoundInputs
 
-VAL_SOURCES = ("local", "server")
 REFERENCES = ("mean", "global")
 
 
@@ -34,11 +34,10 @@ def _normalise(scores: Tensor) -> Tensor:
 class AccuracyWeighted(Aggregator):
     """Shared plumbing: weights come from val_acc [K], measured where `val_source` says.
 
-    `server_samples` tells the round loop how many training samples to hold out for the
-    server's validation split (0 when each client validates on its own held-out data).
+    With `val_source: server` the round loop holds `server_val_size` training samples out
+    of every client for the server's validation split; with `local` each client validates
+    on its own held-out `client.val_frac`.
     """
-
-    requires = frozenset({"val_acc"})
 
     def __init__(self, val_source: str = "local", server_val_size: int = 500) -> None:
         super().__init__()
@@ -47,14 +46,10 @@ class AccuracyWeighted(Aggregator):
             raise ValueError(f"aggregator.val_source={val_source!r} is not allowed; choose one of {allowed}")
         if isinstance(server_val_size, bool) or not isinstance(server_val_size, int) or server_val_size < 1:
             raise ValueError(f"aggregator.server_val_size={server_val_size!r} is not allowed; use a positive integer")
-        self.val_source = val_source
-        self.server_samples = server_val_size if val_source == "server" else 0
+        self.needs = Needs(val_acc=val_source, server_samples=server_val_size if val_source == "server" else 0)
 
-    def client_weights(self, num_samples: Tensor, **context: Any) -> Tensor:
-        val_acc = context.get("val_acc")
-        if val_acc is None:
-            raise ValueError(f"{type(self).__name__} needs val_acc [K] (it declares requires={{'val_acc'}})")
-        return self.weights_from_accuracy(val_acc.to(context["client_params"].dtype))
+    def client_weights(self, inputs: RoundInputs) -> Tensor:
+        return self.weights_from_accuracy(inputs.need("val_acc").to(inputs.client_params.dtype))
 
     def weights_from_accuracy(self, acc: Tensor) -> Tensor:
         raise NotImplementedError
@@ -93,9 +88,9 @@ class IDA(Aggregator):
         self.reference = reference
         self.eps = _positive("eps", eps)
 
-    def client_weights(self, num_samples: Tensor, **context: Any) -> Tensor:
-        W = context["client_params"]
-        ref = W.mean(dim=0) if self.reference == "mean" else context["global_params"]
+    def client_weights(self, inputs: RoundInputs) -> Tensor:
+        W = inputs.client_params
+        ref = W.mean(dim=0) if self.reference == "mean" else inputs.global_params
         d = torch.linalg.vector_norm(ref - W, dim=1)  # ||w_avg - w_k||, eq. 4
         inverse = 1.0 / (d + self.eps)
         # eq. 5 (Z normalises); every model at the reference: nobody is an outlier, so uniform

@@ -12,13 +12,11 @@ Algorithm 2 (`per_client`) starts every client from last round's m, v and averag
 from __future__ import annotations
 
 import math
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
-from fedagg.models.flat import ParamLayout
+from fedagg.aggregators.inputs import RoundInputs
 
 OPTIMIZERS = ("adam", "adagrad", "yogi")
 MOMENTS = ("shared_sequential", "per_client")
@@ -78,21 +76,11 @@ class EWWA(Aggregator):
         q = torch.log1p(b - shift) + 1e-8  # ln(b_k - beta + 1) + 1e-8 > 0, so no client gets weight 0
         return q / q.sum(dim=0)
 
-    def aggregate(
-        self,
-        global_params: Tensor,
-        client_params: Tensor,
-        num_samples: Tensor,
-        *,
-        client_ids: Tensor,
-        round: int,
-        layout: ParamLayout | None = None,
-        val_acc: Tensor | None = None,
-        **extra: Any,
-    ) -> Tensor:
+    def aggregate(self, inputs: RoundInputs) -> Tensor:
+        global_params, client_params = inputs.global_params, inputs.client_params
         # ascending client id: the sequential moments depend on the order, which must not
         # depend on the order the loop happened to list this round's clients in
-        order = torch.argsort(client_ids.to(client_params.device))
+        order = torch.argsort(inputs.client_ids.to(client_params.device))
         clients = client_params[order]
         g = global_params - clients  # [K, P]; Alg. 2 line 6, no division by the local lr
         if self.m is None:
@@ -120,9 +108,9 @@ class EWWA(Aggregator):
         self.last_weights = torch.empty_like(p[:, 0]).index_copy_(0, order, p.mean(dim=1))
         return new
 
-    def buffer_weights(self, num_samples: Tensor) -> Tensor:
+    def buffer_weights(self, inputs: RoundInputs) -> Tensor:
         """BatchNorm statistics are averaged with D = n_k / n (SPEC), not the element-wise weights."""
-        return sample_weights(num_samples)
+        return sample_weights(inputs.num_samples)
 
     def state_dict(self) -> dict:
         clone = (lambda t: None if t is None else t.detach().clone())

@@ -7,12 +7,11 @@ weights by a size-weighted softmax (eq. 10); the new global is `w + sum_k psi_k 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.aggregators.inputs import RoundInputs
 
 SMOOTHINGS = ("round", "participation")
 
@@ -33,9 +32,9 @@ class FedAdp(Aggregator):
         self.angles: dict[int, Tensor] = {}  # client id -> smoothed angle (radians, 0-d)
         self.counts: dict[int, int] = {}  # client id -> rounds it took part in
 
-    def client_weights(self, num_samples: Tensor, **context: Any) -> Tensor:
-        w, W, r = context["global_params"], context["client_params"], context["round"]
-        ids = [int(i) for i in context["client_ids"].tolist()]
+    def client_weights(self, inputs: RoundInputs) -> Tensor:
+        w, W, r, num_samples = inputs.global_params, inputs.client_params, inputs.round, inputs.num_samples
+        ids = [int(i) for i in inputs.client_ids.tolist()]
         delta = W - w
         g = sample_weights(num_samples).to(W.dtype) @ delta  # Alg. 1 line 9 (sign does not change the angle)
         denom = torch.linalg.vector_norm(delta, dim=1) * torch.linalg.vector_norm(g)

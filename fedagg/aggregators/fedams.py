@@ -11,13 +11,11 @@ With `bias_correction: true` (the authors' code) m is divided by 1 - b1^r and v_
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.fedopt import FedAdam
-from fedagg.models.flat import ParamLayout
+from fedagg.aggregators.inputs import RoundInputs
 
 COMPRESSORS = ("sign", "topk")
 
@@ -42,12 +40,12 @@ class FedAMS(FedAdam):
         self.eps = float(eps)
         self.v_hat: Tensor | None = None  # [P] running max of v; starts at eps
 
-    def server_update(self, global_params: Tensor, update: Tensor, *, round: int) -> Tensor:
+    def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
         c1, c2 = self.advance(update)  # m <- b1 m + (1-b1) g; v <- b2 v + (1-b2) g^2 (Alg. 1)
         if self.v_hat is None:
             self.v_hat = torch.full_like(update, self.eps)
         self.v_hat = torch.maximum(self.v_hat, self.v).clamp_min(self.eps)  # Alg. 1, option FedAMS
-        return global_params + self.lr * (self.m / c1) / (self.v_hat / c2).sqrt()  # Alg. 1 server step
+        return inputs.global_params + self.lr * (self.m / c1) / (self.v_hat / c2).sqrt()  # Alg. 1 server step
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "v_hat": None if self.v_hat is None else self.v_hat.clone()}
@@ -89,30 +87,18 @@ class FedCAMS(FedAMS):
         keep = x.abs().topk(k, dim=1).indices
         return torch.zeros_like(x).scatter(1, keep, x.gather(1, keep))
 
-    def aggregate(
-        self,
-        global_params: Tensor,
-        client_params: Tensor,
-        num_samples: Tensor,
-        *,
-        client_ids: Tensor,
-        round: int,
-        layout: ParamLayout | None = None,
-        val_acc: Tensor | None = None,
-        **extra: Any,
-    ) -> Tensor:
-        weights = self.client_weights(
-            num_samples, global_params=global_params, client_params=client_params, client_ids=client_ids,
-            round=round, layout=layout, val_acc=val_acc, **extra,
-        ).to(client_params.dtype)
+    def aggregate(self, inputs: RoundInputs) -> Tensor:
+        global_params, client_params = inputs.global_params, inputs.client_params
+        weights = self.client_weights(inputs).to(client_params.dtype)
         self.last_weights = weights
-        ids = [int(i) for i in client_ids.tolist()]
+        ids = [int(i) for i in inputs.client_ids.tolist()]
         errors = torch.stack([self.errors.get(i, torch.zeros_like(global_params)) for i in ids])
         corrected = client_params - global_params + errors  # Delta_k + e_k
         sent = self.compress(corrected)  # c_k = C(Delta_k + e_k) (Alg. 2, client)
-        for i, e in zip(ids, corrected - sent):  # e_k <- Delta_k + e_k - c_k (Alg. 2, client)
+        residual = corrected - sent  # e_k <- Delta_k + e_k - c_k (Alg. 2, client)
+        for i, e in zip(ids, residual):
             self.errors[i] = e.clone()  # own storage: a row view would keep this round's [K, P] alive
-        return self.server_update(global_params, weights @ sent, round=round)  # FedAMS on sum_k p_k c_k
+        return self.server_update(inputs, weights @ sent)  # FedAMS on sum_k p_k c_k
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "errors": {i: e.clone() for i, e in self.errors.items()}}

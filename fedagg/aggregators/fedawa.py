@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.inputs import RoundInputs
 from fedagg.models.flat import ParamLayout
 
 REGS = ("cos", "euclid", "none")
@@ -54,16 +55,14 @@ class FedAWA(Aggregator):
         self.logits: dict[int, Tensor] = {}  # client id -> [L] logits, L = number of layers
         self.last_loss: float | None = None  # Eq. (3)/(4) at the pre-step logits, for diagnostics
 
-    def layers(self, layout: ParamLayout | None, num_params: int) -> list[slice]:
+    def layers(self, layout: ParamLayout, num_params: int) -> list[slice]:
         return [slice(0, num_params)]
 
-    def participant_logits(self, ids: list[int], num_samples: Tensor, all_num_samples: Tensor | None, num_layers: int, device) -> Tensor:
-        """[K, L] logits of this round's participants; a client seen for the first time starts at n_k / Σ n."""
-        if all_num_samples is not None:  # the loop's sizes of ALL clients, by global id: SPEC's "over all clients"
-            n = all_num_samples.to(device=device, dtype=torch.float32)
-            frac = n[torch.tensor(ids, device=device)] / n.sum()
-        else:  # fallback without the loop's sizes: the fraction within this round's participants
-            frac = sample_weights(num_samples).to(device)
+    def participant_logits(self, ids: list[int], all_num_samples: Tensor, num_layers: int, device) -> Tensor:
+        """[K, L] logits of this round's participants; a client seen for the first time starts at n_k / Σ n
+        over ALL clients (SPEC), by global id."""
+        n = all_num_samples.to(device=device, dtype=torch.float32)
+        frac = n[torch.tensor(ids, device=device)] / n.sum()
         for k, cid in enumerate(ids):
             if cid not in self.logits:
                 self.logits[cid] = frac[k].expand(num_layers).clone()
@@ -85,21 +84,11 @@ class FedAWA(Aggregator):
         spread = torch.stack([torch.linalg.vector_norm(tau[:, s] - lam[:, l] @ tau[:, s], dim=1) for l, s in enumerate(layers)], dim=1)
         return (lam * (spread + drift)).sum()  # Eq. (3); Eq. (4) sums the same terms over layers
 
-    def aggregate(
-        self,
-        global_params: Tensor,
-        client_params: Tensor,
-        num_samples: Tensor,
-        *,
-        client_ids: Tensor,
-        round: int,
-        layout: ParamLayout | None = None,
-        val_acc: Tensor | None = None,
-        **extra: Any,
-    ) -> Tensor:
-        layers = self.layers(layout, global_params.numel())
-        ids = [int(i) for i in client_ids.tolist()]
-        T0 = self.participant_logits(ids, num_samples, extra.get("all_num_samples"), len(layers), client_params.device)
+    def aggregate(self, inputs: RoundInputs) -> Tensor:
+        global_params, client_params = inputs.global_params, inputs.client_params
+        layers = self.layers(inputs.layout, global_params.numel())
+        ids = [int(i) for i in inputs.client_ids.tolist()]
+        T0 = self.participant_logits(ids, inputs.all_num_samples, len(layers), client_params.device)
         lam = torch.softmax(T0, dim=0)  # [K, L] weights used for this round's aggregate
         tau = client_params - global_params  # client vectors τ_k = Δ_k (Eq. 1)
         drift = self.drift(global_params, client_params, layers)
@@ -134,9 +123,7 @@ class FedAWA(Aggregator):
 class FedAWAL(FedAWA):
     """`conf/aggregator/fedawa_l.yaml`: one learned logit per (client id, parameter tensor), Eq. (4)."""
 
-    def layers(self, layout: ParamLayout | None, num_params: int) -> list[slice]:
-        if layout is None:
-            raise ValueError("fedawa_l needs the parameter layout: call aggregate(..., layout=ParamLayout.of(model))")
+    def layers(self, layout: ParamLayout, num_params: int) -> list[slice]:
         if layout.num_params != num_params:
             raise ValueError(f"fedawa_l: the layout covers {layout.num_params} parameters but the vectors have {num_params}")
         return layout.slices

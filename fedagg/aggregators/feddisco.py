@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.aggregators.inputs import Needs, RoundInputs
 
 REFERENCES = ("global", "uniform")
 DISCREPANCIES = ("l2", "kl")
@@ -37,7 +38,7 @@ class FedDisco(Aggregator):
     to 1 and a = 0.5, b = 0.1 keep more clients above zero under strong label skew.
     """
 
-    requires = frozenset({"label_hist"})
+    needs = Needs(label_hist=True)
 
     def __init__(self, a: float = 0.5, b: float = 0.1, reference: str = "global", discrepancy: str = "l2") -> None:
         super().__init__()
@@ -50,11 +51,9 @@ class FedDisco(Aggregator):
             raise ValueError(f"aggregator.discrepancy={discrepancy!r} is not allowed; choose one of {', '.join(DISCREPANCIES)}")
         self.reference, self.discrepancy = reference, discrepancy
 
-    def client_weights(self, num_samples: Tensor, **context: Any) -> Tensor:
-        hist, global_hist = context.get("label_hist"), context.get("global_label_hist")
-        if hist is None or global_hist is None:
-            raise ValueError("FedDisco needs label_hist [K, C] and global_label_hist [C] (it declares requires={'label_hist'})")
-        device = context["client_params"].device
+    def client_weights(self, inputs: RoundInputs) -> Tensor:
+        hist, global_hist = inputs.need("label_hist"), inputs.need("global_label_hist")
+        device = inputs.client_params.device
         counts = hist.to(device=device, dtype=torch.float32)
         # clamp: a row sums to the client's sample count (>= 1 for any partition), so this never bites on real data
         local = counts / counts.sum(dim=1, keepdim=True).clamp_min(1.0)
@@ -64,7 +63,7 @@ class FedDisco(Aggregator):
             g = global_hist.to(device=device, dtype=torch.float32)
             target = g / g.sum().clamp_min(1.0)
         d = self._discrepancy(local, target)
-        D = sample_weights(num_samples).to(device)  # D_k over this round's participants
+        D = sample_weights(inputs.num_samples).to(device)  # D_k over this round's participants
         score = torch.relu(D - self.a * d + self.b)  # discrepancy-aware weight before normalising
         total = score.sum()
         # every score clipped to 0 (only with a large a or a negative b): fall back to data size, FedAvg

@@ -1,51 +1,73 @@
-"""FedDyn server half (Acar et al. 2021, ICLR, Algorithm 1; SPEC "Baselines").
+"""FedDyn (Acar et al. 2021, ICLR, Algorithm 1; SPEC "Baselines"): one method, two halves.
 
-The server keeps h, a running sum of the clients' updates over ALL m clients, and
-subtracts h/α from the plain mean of the participants' models: the correction that makes
-the fixed point of the dynamic regulariser the stationary point of the global loss.
-It runs only with its client half, `client/objective=feddyn`, at the same α; the round
-loop checks both (`pairs_with`, `alpha`).
+The client half adds a dynamic regulariser to the local loss, -<g_k, θ> + α/2 ‖θ − w‖²,
+and keeps per client id the gradient state g_k. The server keeps h, a running sum of the
+clients' updates over ALL m clients, and subtracts h/α from the plain mean of the
+participants' models: the correction that makes the fixed point of the regulariser the
+stationary point of the global loss. `aggregator=feddyn` runs both; its YAML shares α.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
-from fedagg.models.flat import ParamLayout
+from fedagg.aggregators.inputs import Needs, RoundInputs
+from fedagg.clients.objectives import LocalWork, Objective, squared_distance
+
+
+def _alpha(key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{key}={value!r} is not allowed; use a finite number > 0")
+    return float(value)
+
+
+class FedDynClient(Objective):
+    """Client half: task loss - <g_k, θ> + α/2 ‖θ − w‖²; after training g_k <- g_k - α (θ_k - w).
+
+    g_k is zero until the client first trains (Acar et al., Algorithm 1).
+    """
+
+    adds_to_loss = True
+
+    def __init__(self, alpha: float = 0.01) -> None:
+        self.alpha = _alpha("aggregator.client.alpha", alpha)
+        self.grad_state: dict[int, Tensor] = {}
+
+    def penalty(self, params, anchor, state):
+        linear = sum((g * p).sum() for g, p in zip(state, params))
+        return -linear + 0.5 * self.alpha * squared_distance(params, anchor)
+
+    def client_state(self, client_id, like):
+        return self.grad_state.get(client_id, torch.zeros_like(like))
+
+    def after_training(self, client_id: int, trained: Tensor, global_params: Tensor, work: LocalWork) -> None:
+        self.grad_state[client_id] = self.client_state(client_id, trained) - self.alpha * (trained - global_params)
+
+    def state_dict(self):
+        return {"grad_state": {k: v.clone() for k, v in self.grad_state.items()}}
+
+    def load_state_dict(self, state):
+        self.grad_state = {int(k): v.clone() for k, v in state["grad_state"].items()}
 
 
 class FedDyn(Aggregator):
     """`conf/aggregator/feddyn.yaml`: h ← h − α (1/m) Σ_k Δ_k;  w ← mean_k W_k − h/α."""
 
-    pairs_with = "feddyn"
-
-    def __init__(self, alpha: float = 0.01) -> None:
+    def __init__(self, alpha: float = 0.01, client: FedDynClient | None = None) -> None:
         super().__init__()
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < float("inf"):
-            raise ValueError(f"aggregator.alpha={alpha!r} is not allowed; use a finite number > 0 equal to client.objective.alpha")
-        self.alpha = float(alpha)
+        self.alpha = _alpha("aggregator.alpha", alpha)
+        client = FedDynClient(alpha) if client is None else client
+        if client.alpha != self.alpha:
+            raise ValueError(f"aggregator.client.alpha={client.alpha} is not allowed; both halves of FedDyn use "
+                             f"aggregator.alpha={self.alpha} (set aggregator.alpha alone)")
+        self.needs = Needs(client_half=client)
         self.h: Tensor | None = None  # [P] server state, zero before the first round
 
-    def aggregate(
-        self,
-        global_params: Tensor,
-        client_params: Tensor,
-        num_samples: Tensor,
-        *,
-        client_ids: Tensor,
-        round: int,
-        layout: ParamLayout | None = None,
-        val_acc: Tensor | None = None,
-        **extra: Any,
-    ) -> Tensor:
-        all_num_samples = extra.get("all_num_samples")
-        if all_num_samples is None:
-            raise ValueError("feddyn needs all_num_samples [num_clients]: h averages over all m clients, not the participants")
-        m_total = all_num_samples.numel()
+    def aggregate(self, inputs: RoundInputs) -> Tensor:
+        global_params, client_params = inputs.global_params, inputs.client_params
+        m_total = inputs.all_num_samples.numel()
         h = torch.zeros_like(global_params) if self.h is None else self.h.to(global_params.device)
         update_sum = (client_params - global_params).sum(dim=0)  # Σ_{k∈P} Δ_k
         self.h = h - self.alpha / m_total * update_sum  # Algorithm 1: h^t = h^{t-1} − α (1/m) Σ_k (θ_k^t − θ^{t-1})

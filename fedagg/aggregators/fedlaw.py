@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from fedagg.aggregators.base import Aggregator, sample_weights
-from fedagg.models.flat import ParamLayout
+from fedagg.aggregators.inputs import Needs, RoundInputs
 
 INITS = ("samples", "uniform")
 
@@ -50,9 +50,6 @@ def _float(key: str, value: Any, ok, allowed: str) -> float:
 class FedLAW(Aggregator):
     """`conf/aggregator/fedlaw.yaml`: new global γ Σ_k λ_k W_k with (γ, λ) fitted on server data."""
 
-    requires = frozenset({"server_data"})
-    uses_extra_data = True  # the summary marks the run: reported for reference only
-
     def __init__(
         self,
         proxy_size: int = 200,
@@ -65,7 +62,8 @@ class FedLAW(Aggregator):
         init_weights: str = "samples",
     ) -> None:
         super().__init__()
-        self.server_samples = _int("proxy_size", proxy_size, 1)  # the loop holds these out of every client
+        # the loop holds the proxy set out of every client; training on it marks the run `uses_extra_data`
+        self.needs = Needs(server_samples=_int("proxy_size", proxy_size, 1), server_data=True)
         self.server_epochs = _int("server_epochs", server_epochs, 1)
         self.server_lr = _float("server_lr", server_lr, lambda v: 0 < v < float("inf"), "use a finite number > 0, e.g. 0.01")
         pair = tuple(betas) if hasattr(betas, "__iter__") and not isinstance(betas, str) else ()  # YAML gives a ListConfig
@@ -88,29 +86,17 @@ class FedLAW(Aggregator):
         order = torch.randperm(num, generator=generator).to(device)
         return list(order.tensor_split(-(-num // self.server_batch_size)))
 
-    def aggregate(
-        self,
-        global_params: Tensor,
-        client_params: Tensor,
-        num_samples: Tensor,
-        *,
-        client_ids: Tensor,
-        round: int,
-        layout: ParamLayout | None = None,
-        val_acc: Tensor | None = None,
-        **extra: Any,
-    ) -> Tensor:
-        x_srv, y_srv, model = extra.get("server_x"), extra.get("server_y"), extra.get("model")
-        if x_srv is None or y_srv is None or model is None or layout is None:
-            raise ValueError("fedlaw needs server_x, server_y, model and layout (it declares requires={'server_data'})")
-        W = client_params.detach()  # constants: only γ and x are learned
-        buffers = {name: b.detach().clone() for name, b in model.named_buffers()}  # BatchNorm updates the copies
-        D = sample_weights(num_samples).to(W.device)
+    def aggregate(self, inputs: RoundInputs) -> Tensor:
+        server, layout = inputs.need("server"), inputs.layout
+        x_srv, y_srv, model = server.x, server.y, server.model
+        W = inputs.client_params.detach()  # constants: only γ and x are learned
+        buffers = {name: b.detach().clone() for name, b in server.buffers.items()}  # BatchNorm updates the copies
+        D = sample_weights(inputs.num_samples).to(W.device)
         x = (D.log() if self.init_weights == "samples" else torch.zeros_like(D)).requires_grad_(True)
         g = torch.zeros((), device=W.device, requires_grad=True)  # γ = exp(g) = 1 at the start
         opt = torch.optim.Adam([x, g], lr=self.server_lr, betas=self.betas)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=self.lr_decay_every, gamma=self.lr_decay)
-        shuffle = torch.Generator().manual_seed(round)
+        shuffle = torch.Generator().manual_seed(inputs.round)
         was_training = model.training
         model.train()  # batch statistics in BatchNorm, as the authors' server training does
         try:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
-from fedagg.models.flat import ParamLayout
+from fedagg.aggregators.inputs import RoundInputs
 
 TINY_NORM = 1e-12  # below this N the mean update has no direction to stretch (SPEC)
 # The paper evaluates the plain average (section 4.1, step 5) and sends clients the stretched
@@ -41,35 +41,28 @@ class FedNNNN(Aggregator):
         self.beta = _number("beta", beta, lambda b: b > 0, "use a positive number (paper: 0.6 to 1.1)")
         self.gamma = _number("gamma", gamma, lambda g: 0 <= g < 1, "use a number in [0, 1) (paper: 0.6 to 0.9)")
         self.momentum: Tensor | None = None  # d_t, d_0 = 0
+        self.average: Tensor | None = None  # this round's plain average w + a, the model `evaluate: average` tests
 
     def scale(self, mean_norm: Tensor, norm_mean: Tensor) -> Tensor:
         """beta E / N (eq. 8), or 0 when N is too small to normalise (the paper returns w as is)."""
         safe = norm_mean.clamp_min(TINY_NORM)
         return torch.where(norm_mean >= TINY_NORM, self.beta * mean_norm / safe, 0.0)
 
-    def aggregate(
-        self,
-        global_params: Tensor,
-        client_params: Tensor,
-        num_samples: Tensor,
-        *,
-        client_ids: Tensor,
-        round: int,
-        layout: ParamLayout | None = None,
-        val_acc: Tensor | None = None,
-        **extra: Any,
-    ) -> Tensor:
-        p = self.client_weights(num_samples).to(client_params.dtype)
+    def aggregate(self, inputs: RoundInputs) -> Tensor:
+        global_params, client_params = inputs.global_params, inputs.client_params
+        p = self.client_weights(inputs).to(client_params.dtype)
         self.last_weights = p
         delta = client_params - global_params  # eq. 2
         a = p @ delta  # the FedAvg update
-        if self.evaluate == "average":
-            self.eval_params = global_params + a  # eq. 1: the model the paper evaluates (protocol step 5)
+        self.average = global_params + a  # eq. 1: the model the paper evaluates (protocol step 5)
         n = torch.linalg.vector_norm(a)  # N, eq. 4
         e = p @ torch.linalg.vector_norm(delta, dim=1)  # E, eq. 5
         d = torch.zeros_like(global_params) if self.momentum is None else self.momentum.to(global_params)
         self.momentum = self.gamma * d + self.scale(e, n) * a  # eq. 12 (Alg. 3 line 11)
         return global_params + self.momentum  # eq. 13 (Alg. 3 line 12)
+
+    def evaluated_params(self, global_params: Tensor) -> Tensor:
+        return self.average if self.evaluate == "average" and self.average is not None else global_params
 
     def state_dict(self) -> dict:
         return {"momentum": None if self.momentum is None else self.momentum.clone()}

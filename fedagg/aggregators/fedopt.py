@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.inputs import RoundInputs
 
 
 def _check(key: str, value: float, ok: bool, allowed: str) -> float:
@@ -49,10 +50,10 @@ class FedAvgM(Aggregator):
         self.momentum = _check_beta("momentum", momentum)
         self.b: Tensor | None = None  # [P] server velocity; zeros before the first round
 
-    def server_update(self, global_params: Tensor, update: Tensor, *, round: int) -> Tensor:
+    def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
         b = torch.zeros_like(update) if self.b is None else self.b
         self.b = self.momentum * b + update  # velocity, no (1 - momentum) damping (Hsu 2019, SPEC)
-        return global_params + self.lr * self.b
+        return inputs.global_params + self.lr * self.b
 
     def state_dict(self) -> dict:
         return {"b": _clone(self.b)}
@@ -99,12 +100,12 @@ class FedOpt(Aggregator):
             return 1.0, 1.0
         return 1 - self.beta1**self.steps, 1 - self.beta2**self.steps
 
-    def server_update(self, global_params: Tensor, update: Tensor, *, round: int) -> Tensor:
+    def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
         c1, c2 = self.advance(update)
         # With tau = 0 an element whose g was always 0 has v = 0 and m = 0: clamping the
         # denominator to the smallest normal float makes that step 0 and changes no other.
         denom = ((self.v / c2).sqrt() + self.tau).clamp_min(torch.finfo(update.dtype).tiny)
-        return global_params + self.lr * (self.m / c1) / denom  # Alg. 2 line 15
+        return inputs.global_params + self.lr * (self.m / c1) / denom  # Alg. 2 line 15
 
     def state_dict(self) -> dict:
         return {"m": _clone(self.m), "v": _clone(self.v), "steps": self.steps}

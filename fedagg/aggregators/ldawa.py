@@ -8,13 +8,11 @@ are recomputed from scratch each round; no state.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
-from fedagg.models.flat import ParamLayout
+from fedagg.aggregators.inputs import RoundInputs
 
 COS_EPS = 1e-8  # guards cos of an all-zero layer (e.g. a BatchNorm bias at init): cos = 0 there
 
@@ -31,20 +29,8 @@ class LDAWA(Aggregator):
     def __init__(self) -> None:
         super().__init__()
 
-    def aggregate(
-        self,
-        global_params: Tensor,
-        client_params: Tensor,
-        num_samples: Tensor,
-        *,
-        client_ids: Tensor,
-        round: int,
-        layout: ParamLayout | None = None,
-        val_acc: Tensor | None = None,
-        **extra: Any,
-    ) -> Tensor:
-        if layout is None:
-            raise ValueError("ldawa needs the parameter layout: call aggregate(..., layout=ParamLayout.of(model))")
+    def aggregate(self, inputs: RoundInputs) -> Tensor:
+        global_params, client_params, layout = inputs.global_params, inputs.client_params, inputs.layout
         if layout.num_params != global_params.numel():
             raise ValueError(f"ldawa: the layout covers {layout.num_params} parameters but the vectors have {global_params.numel()}")
         k = client_params.shape[0]

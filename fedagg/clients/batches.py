@@ -1,10 +1,10 @@
-"""Every batch of a group of clients' local training, drawn ahead and served step by step.
+"""The batch order of local training, for every engine: drawn ahead, served step by step.
 
-A client trained alone draws, from its own stream `generator(seed, "batches", id, round)`,
-one permutation per local epoch and, when the data is augmented, each batch's crop and
-flip values right before the batch. `BatchPlan` makes exactly those calls in exactly that
-order for each client, then serves step t as one gather per group of clients whose batch
-has the same size: clients are ordered by their number of steps (most first), so the
+Each client draws from its own stream `generator(seed, "batches", id, round)`: one
+permutation of its samples per local epoch, then (when the data is augmented) each of that
+epoch's batches' crop and flip values, so a client's batches never depend on which other
+clients train with it or on the engine. Step t is served as one gather per group of
+clients whose batch has the same size: clients are ordered by their number of steps (most first), so the
 clients still training at step t are a prefix, those with a full batch are usually all of
 it, and a client's partial last batch (of n samples) comes in a group of its own size n.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedagg.clients.trainer import ClientData
+from fedagg.clients.client import ClientData
 from fedagg.data.device import apply_crop_flip, draw_crop_flip
 from fedagg.data.seeding import generator
 
@@ -71,7 +71,9 @@ class BatchPlan:
         return len(self.groups)
 
     def batch(self, t: int, n: int, clients: Selection) -> tuple[Tensor, Tensor]:
-        """Inputs [g, n, ...] and labels [g, n] of step t for a group of g clients whose batches hold n samples."""
+        """Inputs [g * n, ...] and labels [g * n] of step t for a group of g clients whose batches hold n samples,
+        client after client, as `data.prepare` returns them (a view to [g, n, ...] can change the strides of a
+        size-1 channel axis, and with them which convolution kernel runs)."""
         flat = self.pos[t, clients, :n].reshape(-1)
         idx = self.order[flat]
         x = self.data.train_x[idx]
@@ -79,4 +81,4 @@ class BatchPlan:
             x = apply_crop_flip(x, *(c[flat] for c in self.crops))
         x = self.data.prepare(x)
         y = self.data.train_y[idx]
-        return x.view(-1, n, *x.shape[1:]), y.view(-1, n)
+        return x, y

@@ -1,36 +1,30 @@
-"""Local training: SGD on one client's data, with a per-round learning-rate schedule.
+"""Local training: minibatch SGD on each client's data, with a per-round learning-rate schedule.
 
-`conf/client/sgd.yaml` instantiates `LocalSGD`. The engine calls `train` once per
-participating client and round; the trainer owns what persists on the client side
-between rounds (optimizer state, when `keep_optimizer_state` is on, keyed by client id).
+`conf/client/sgd.yaml` instantiates `LocalSGD`. It is the one definition of local
+training that every engine executes (DESIGN principle 5): which batches a client sees and
+in what order (`plan`), what it minimises (`loss`: the task loss plus its objective's
+term), and how a step moves its weights (`optimizer`: torch.optim.SGD's arithmetic on
+stacked clients). An engine only decides how the forward pass runs, one client's model at
+a time or a round's clients stacked. The trainer also owns what persists on the client
+side between rounds (optimizer state when `keep_optimizer_state` is on, and the
+objective's state), keyed by client id.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils import parameters_to_vector
 
-from fedagg.clients.objectives import Objective
+from fedagg.clients.batches import BatchPlan, num_steps
+from fedagg.clients.client import ClientData
+from fedagg.clients.objectives import LocalWork, Objective
+from fedagg.clients.stacked_sgd import StackedSGD
+from fedagg.models.flat import unflatten
 
 SCHEDULES = ("constant", "exponential", "multistep")
-
-
-@dataclass
-class ClientData:
-    """One client's share of the training pool, as index tensors on the data's device."""
-
-    id: int
-    train_idx: Tensor
-    val_idx: Tensor
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.train_idx.numel())
 
 
 def _check(condition: bool, key: str, value, allowed: str) -> None:
@@ -91,39 +85,51 @@ class LocalSGD:
             return self.lr * self.gamma**passed
         return self.lr
 
-    def make_optimizer(self, model: nn.Module, client_id: int, lr: float) -> torch.optim.Optimizer:
-        opt = torch.optim.SGD(
-            model.parameters(), lr=lr, momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.weight_decay
-        )
-        saved = self.optimizer_states.get(client_id)
-        if saved is not None:
-            opt.load_state_dict(saved)
-            for group in opt.param_groups:  # the schedule, not the saved state, sets this round's lr
-                group["lr"] = lr
-        return opt
+    # -- the definition of local training, executed by every engine ----------------------
+    @property
+    def stackable(self) -> bool:
+        """Whether the loss can run under torch.func.vmap over stacked clients (engine=parallel)."""
+        return self.objective.stackable
 
-    def train(self, model: nn.Module, client: ClientData, data, *, lr: float, generator: torch.Generator) -> float:
-        """Local epochs of minibatch SGD from the model's current weights; returns the mean loss."""
-        opt = self.make_optimizer(model, client.id, lr)
-        model.train()
-        params = list(model.parameters())
-        start = parameters_to_vector(params).detach()
-        anchor = [p.detach().clone() for p in params]
-        state = self.objective.client_state(client.id, start)
-        state = None if state is None else [s.view_as(p) for s, p in zip(state.split([p.numel() for p in params]), params)]
-        n = client.num_samples
-        loss_sum = torch.zeros((), device=client.train_idx.device)
-        for _ in range(self.local_epochs):
-            order = client.train_idx[torch.randperm(n, generator=generator, device=client.train_idx.device)]
-            for batch in order.split(self.batch_size):
-                x, y = data.train_batch(batch, generator)
-                task_loss = F.cross_entropy(model(x), y)
-                extra = self.objective.penalty(params, anchor, state)
-                opt.zero_grad(set_to_none=True)
-                (task_loss if extra is None else task_loss + extra).backward()
-                opt.step()
-                loss_sum += task_loss.detach() * batch.numel()  # the task loss, comparable across objectives
+    def steps(self, client: ClientData) -> int:
+        """Optimizer steps `client` takes in a round."""
+        return num_steps(client.num_samples, self.batch_size, self.local_epochs)
+
+    def plan(self, clients: list[ClientData], data, *, seed: int, round: int) -> BatchPlan:
+        """Every batch of these clients' round, drawn from each client's own stream (most steps first)."""
+        return BatchPlan(clients, data, batch_size=self.batch_size, epochs=self.local_epochs, seed=seed, round=round)
+
+    def loss(self, logits: Tensor, y: Tensor, params: list[Tensor], anchor: list[Tensor],
+             state: list[Tensor] | None) -> tuple[Tensor, Tensor]:
+        """(what one client's step minimises on its batch, the task loss alone); `anchor` is the global model."""
+        task = F.cross_entropy(logits.float(), y)
+        extra = self.objective.penalty(params, anchor, state)
+        return (task if extra is None else task + extra), task.detach()
+
+    def objective_state(self, clients: list[ClientData], global_params: Tensor,
+                        shapes: list[torch.Size]) -> list[Tensor] | None:
+        """The objective's per-client state as one [k, ...] tensor per parameter (None when it keeps none)."""
+        states = [self.objective.client_state(c.id, global_params) for c in clients]
+        if states[0] is None:
+            return None
+        return unflatten(torch.stack(states), shapes)
+
+    def optimizer(self, params: list[Tensor], clients: list[ClientData], lr: float) -> StackedSGD:
+        """SGD on stacked [k, ...] parameters, continuing each client's kept state when asked to."""
+        saved = [self.optimizer_states.get(c.id) if self.keep_optimizer_state else None for c in clients]
+        return StackedSGD(params, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
+                          weight_decay=self.weight_decay, saved=saved)
+
+    def finish(self, clients: list[ClientData], trained: Tensor, global_params: Tensor, sgd: StackedSGD,
+               template: nn.Module, lr: float) -> list[dict[str, Tensor] | None]:
+        """After local training: keep optimizer and objective state; what each client sends the server."""
         if self.keep_optimizer_state:
-            self.optimizer_states[client.id] = copy.deepcopy(opt.state_dict())
-        self.objective.after_training(client.id, parameters_to_vector(params).detach(), start)
-        return float(loss_sum) / (n * self.local_epochs)
+            for c, state in zip(clients, sgd.state_dicts(template)):
+                self.optimizer_states[c.id] = state
+        return [self.objective.after_training(c.id, row, global_params, LocalWork(self.steps(c), lr))
+                for c, row in zip(clients, trained)]
+
+    def mean_loss(self, loss_sums: Tensor, clients: list[ClientData]) -> Tensor:
+        """[k] mean task loss per training sample seen, from each client's sum of batch loss x batch size."""
+        seen = [c.num_samples * self.local_epochs for c in clients]
+        return (loss_sums.double() / torch.tensor(seen, dtype=torch.float64, device=loss_sums.device)).float()

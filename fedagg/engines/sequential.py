@@ -1,65 +1,74 @@
-"""Engines train a round's clients and return their parameters as one [K, P] tensor.
+"""`engine=sequential`: a round's clients trained one after another in a single working model.
 
-`SequentialEngine` trains clients one after another in a single working model; it is
-the reference that faster engines must match.
+Each client runs the local training its trainer defines (fedagg.clients.trainer) as a
+stack of one: the same batch plan, loss and SGD arithmetic the parallel engine applies to
+many clients at once, with the model's ordinary forward pass. It is the reference.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from torch import Tensor, nn
 
-from fedagg.clients.trainer import ClientData, LocalSGD
-from fedagg.loop.evaluation import evaluate
-from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
-from fedagg.data.seeding import generator
-
-
-@dataclass
-class RoundResult:
-    params: Tensor  # [K, P] trainable parameters after local training
-    buffers: Tensor  # [K, B] buffers (BatchNorm statistics) after local training
-    train_loss: Tensor  # [K] mean local training loss
-    val_acc: Tensor | None  # [K] accuracy of each trained client model on its validation indices, when asked
+from fedagg.clients.client import ClientData
+from fedagg.clients.validation import ValidationPlan
+from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
+from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params, unflatten
 
 
-class SequentialEngine:
-    def __init__(self, eval_batch_size: int = 1024) -> None:
-        if eval_batch_size < 1:
-            raise ValueError(f"engine.eval_batch_size={eval_batch_size!r} is not allowed; it must be >= 1")
-        self.eval_batch_size = int(eval_batch_size)
-
-    def train_round(
-        self,
-        model: nn.Module,
-        global_params: Tensor,
-        global_buffers: Tensor,
-        clients: list[ClientData],
-        trainer: LocalSGD,
-        data,
-        *,
-        lr: float,
-        seed: int,
-        round: int,
-        val_indices: list[Tensor] | None = None,
-    ) -> RoundResult:
-        """Train `clients` from the global weights; score each on `val_indices[k]` when given."""
-        params, buffers, losses, accs = [], [], [], []
-        for k, client in enumerate(clients):
-            set_params(model, global_params)
-            set_buffers(model, global_buffers)
-            g = generator(seed, "batches", client.id, round, device=data.device)
-            losses.append(trainer.train(model, client, data, lr=lr, generator=g))
-            params.append(get_params(model))
-            buffers.append(get_buffers(model))
-            if val_indices is not None:
-                accs.append(evaluate(model, data.eval_batches(val_indices[k], self.eval_batch_size, split="train"))[0])
-        device = global_params.device
+class SequentialEngine(Engine):
+    def train_round(self, job: RoundJob) -> RoundResult:
+        """Train `job.clients` from the global weights; score each on `job.val_indices[k]` when given."""
+        params, buffers, losses, accs, payloads = [], [], [], [], []
+        for k, client in enumerate(job.clients):
+            set_params(job.model, job.global_params)
+            set_buffers(job.model, job.global_buffers)
+            loss, payload = self._train_client(job, client)
+            losses.append(loss)
+            payloads.append(payload)
+            params.append(get_params(job.model))
+            buffers.append(get_buffers(job.model))
+            if job.val_indices is not None:
+                accs.append(self._accuracy(job, job.val_indices[k]))
         return RoundResult(
             params=torch.stack(params),
             buffers=torch.stack(buffers),
-            train_loss=torch.tensor(losses, device=device),
-            val_acc=torch.tensor(accs, device=device) if val_indices is not None else None,
+            train_loss=job.trainer.mean_loss(torch.stack(losses), job.clients),
+            val_acc=torch.cat(accs) if job.val_indices is not None else None,
+            local_steps=local_steps(job),
+            payloads=stack_payloads(payloads),
         )
+
+    def _train_client(self, job: RoundJob, client: ClientData):
+        """One client's local training in `job.model`; (its summed batch losses, its payload)."""
+        trainer, model = job.trainer, job.model
+        plan = trainer.plan([client], job.data, seed=job.seed, round=job.round)
+        params = list(model.parameters())
+        shapes = [p.shape for p in params]
+        sgd = trainer.optimizer([p.data.unsqueeze(0) for p in params], [client], job.lr)  # steps write into the model
+        anchor = [a.clone() for a in unflatten(job.global_params, shapes)]
+        state = trainer.objective_state([client], job.global_params, shapes)
+        state = None if state is None else [s[0] for s in state]
+        loss_sum = torch.zeros((), device=job.global_params.device)
+        model.train()
+        for t in range(len(plan)):
+            (n, one), = plan.groups[t]
+            x, y = plan.batch(t, n, one)
+            total, task = trainer.loss(model(x), y, params, anchor, state)
+            grads = torch.autograd.grad(total, params)
+            sgd.step([g.unsqueeze(0) for g in grads], one)
+            loss_sum += task * n
+        trained = get_params(model)
+        payload, = trainer.finish([client], trained.unsqueeze(0), job.global_params, sgd, model, job.lr)
+        return loss_sum, payload
+
+    @torch.no_grad()
+    def _accuracy(self, job: RoundJob, val_idx) -> torch.Tensor:
+        """[1] accuracy of the model as trained on `val_idx`, in eval mode."""
+        data, model = job.data, job.model
+        plan = ValidationPlan([val_idx], self.eval_batch_size)
+        correct = torch.zeros(1, dtype=torch.long, device=job.global_params.device)
+        model.eval()
+        for idx, real in plan:
+            logits = model(data.prepare(data.train_x[idx.reshape(-1)]))
+            correct += plan.correct(logits.view(1, idx.shape[1], -1), data.train_y[idx], real)
+        return plan.accuracy(correct)

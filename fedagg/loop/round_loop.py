@@ -1,8 +1,7 @@
 """The round loop: sample clients, train them, aggregate, evaluate, record, checkpoint.
 
-Nothing here knows which aggregator runs: what a method needs beyond the parameters
-(validation accuracy, every client's data size, ...) it declares in `requires`, and the
-loop supplies it.
+Nothing here knows which aggregator runs: what a method needs beyond the parameters it
+declares in its `needs`, and the one provider (`fedagg.loop.inputs`) supplies it.
 """
 
 from __future__ import annotations
@@ -11,119 +10,44 @@ import logging
 import math
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.aggregators.base import sample_weights
+from fedagg.engines.base import RoundJob
+from fedagg.loop.assembly import Federation
 from fedagg.loop.checkpoints import rng_state, save_checkpoint, set_rng_state
-from fedagg.clients.trainer import ClientData, LocalSGD
 from fedagg.loop.diagnostics import round_diagnostics
 from fedagg.loop.evaluation import evaluate
-from fedagg.loop.assembly import Settings, sample_clients
+from fedagg.loop.inputs import InputsProvider
 from fedagg.loop.interrupts import StopRequests
 from fedagg.loop.progress import RoundProgress
-from fedagg.models.flat import ParamLayout, get_buffers, get_params, set_buffers, set_params
-from fedagg.tracking.base import Tracker
+from fedagg.loop.settings import Settings, sample_clients
+from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
 from fedagg.tracking.files import CSVLog, clean_number, write_json
 
-PROVIDED = frozenset({"val_acc", "label_hist", "server_data"})
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Federation:
-    data: object  # DeviceData
-    model: nn.Module
-    clients: list[ClientData]
-    aggregator: Aggregator
-    trainer: LocalSGD
-    engine: object
-    tracker: Tracker = field(default_factory=Tracker)
-    server_idx: Tensor | None = None  # training-pool samples the server holds out (never a client's)
-
-
-def check_pairing(aggregator: Aggregator, objective) -> None:
-    """A server half (FedDyn) runs only with its client half, and with the same alpha."""
-    server, client = getattr(aggregator, "pairs_with", None), getattr(objective, "pairs_with", None)
-    if server != client:
-        needed = f"client/objective={server}" if server else f"aggregator={client}"
-        raise ValueError(f"aggregator {type(aggregator).__name__} and client objective {type(objective).__name__} "
-                         f"do not belong together; use {needed}")
-    if server and getattr(aggregator, "alpha", None) != getattr(objective, "alpha", None):
-        raise ValueError(f"aggregator.alpha={aggregator.alpha} and client.objective.alpha={objective.alpha} "
-                         "must be equal: both halves of the method use the same alpha")
-
-
-def check_requirements(fed: Federation) -> None:
-    """Fail before training when the aggregator needs something this setup cannot give."""
-    agg = fed.aggregator
-    missing = set(agg.requires) - PROVIDED
-    if missing:
-        raise ValueError(f"aggregator requires {sorted(missing)}, which the round loop cannot provide")
-    check_pairing(agg, fed.trainer.objective)
-    if "server_data" in agg.requires and (fed.server_idx is None or fed.server_idx.numel() == 0):
-        raise ValueError(f"aggregator {type(agg).__name__} needs server data but no server split was held out")
-    if "val_acc" not in agg.requires:
-        return
-    source = getattr(agg, "val_source", "local")
-    if source == "local" and any(c.val_idx.numel() == 0 for c in fed.clients):
-        raise ValueError(
-            f"aggregator {type(agg).__name__} weights clients by validation accuracy (val_source=local), but "
-            f"client.val_frac={fed.trainer.val_frac}; set client.val_frac to a fraction in (0, 1), e.g. 0.1, "
-            "or leave it null to get 0.1"
-        )
-    if source == "server" and (fed.server_idx is None or fed.server_idx.numel() == 0):
-        raise ValueError(f"aggregator {type(agg).__name__} has val_source=server but no server split was held out")
 
 
 def combine_buffers(buffers: Tensor, weights: Tensor) -> Tensor:
     return weights.to(buffers.dtype) @ buffers if buffers.shape[1] else buffers[0]
 
 
-def validation_indices(fed: Federation, chosen: list[ClientData]) -> list[Tensor] | None:
-    """Where each participant's trained model is scored, when the aggregator asks for val_acc."""
-    if "val_acc" not in fed.aggregator.requires:
-        return None
-    if getattr(fed.aggregator, "val_source", "local") == "server":
-        return [fed.server_idx] * len(chosen)
-    return [c.val_idx for c in chosen]
-
-
-def label_histograms(fed: Federation) -> Tensor:
-    """[num_clients, C] class counts of every client's training samples."""
-    labels = fed.data.train_y
-    return torch.stack([torch.bincount(labels[c.train_idx], minlength=fed.data.num_classes) for c in fed.clients]).float()
-
-
 class RoundLoop:
     def __init__(self, fed: Federation, settings: Settings, run_dir: Path, summary_base: dict) -> None:
-        check_requirements(fed)
         self.fed, self.settings, self.run_dir = fed, settings, Path(run_dir)
         self.device = fed.data.device
-        self.layout = ParamLayout.of(fed.model)
+        self.provider = InputsProvider(fed.aggregator.needs, data=fed.data, model=fed.model, clients=fed.clients,
+                                       server_idx=fed.server_idx)
         self.params, self.buffers = get_params(fed.model), get_buffers(fed.model)
-        self.all_num_samples = torch.tensor([c.num_samples for c in fed.clients], device=self.device)
         self.metrics, self.weights_log = CSVLog(self.run_dir / "metrics.csv"), CSVLog(self.run_dir / "weights.csv")
         self.summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
                             rounds_completed=0, rounds_to_target=None, target_acc=settings.target_acc)
         self.next_round, self.elapsed_before = 1, 0.0
-        self.label_hist = label_histograms(fed) if "label_hist" in fed.aggregator.requires else None
-        self.summary["server_samples"] = 0 if fed.server_idx is None else int(fed.server_idx.numel())
-        self.summary["uses_extra_data"] = bool(getattr(fed.aggregator, "uses_extra_data", False))
-
-    def extras(self, ids: list[int]) -> dict:
-        """What the aggregator declared in `requires` beyond validation accuracy."""
-        fed, extra = self.fed, {}
-        if self.label_hist is not None:
-            extra.update(label_hist=self.label_hist[ids], global_label_hist=self.label_hist.sum(0))
-        if "server_data" in fed.aggregator.requires:
-            set_buffers(fed.model, self.buffers)
-            extra.update(server_x=fed.data.prepare(fed.data.train_x[fed.server_idx]),
-                         server_y=fed.data.train_y[fed.server_idx], model=fed.model)
-        return extra
+        self.summary["server_samples"] = int(fed.server_idx.numel())
+        self.summary["uses_extra_data"] = fed.aggregator.needs.uses_extra_data
 
     # -- checkpoints ---------------------------------------------------------------------
     def state(self, elapsed: float) -> dict:
@@ -151,29 +75,24 @@ class RoundLoop:
         fed = self.fed
         chosen = [fed.clients[i] for i in sample_clients(self.settings, r)]
         lr = fed.trainer.lr_at(r, self.settings.rounds)
-        result = fed.engine.train_round(
-            fed.model, self.params, self.buffers, chosen, fed.trainer, fed.data,
-            lr=lr, seed=self.settings.seed, round=r, val_indices=validation_indices(fed, chosen),
-        )
+        result = fed.engine.train_round(RoundJob(
+            fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=self.settings.seed,
+            round=r, val_indices=self.provider.val_indices(chosen)))
         ids = [c.id for c in chosen]
-        num_samples = self.all_num_samples[ids]
-        new_params = fed.aggregator.aggregate(
-            self.params, result.params, num_samples, client_ids=torch.tensor(ids, device=self.device), round=r,
-            layout=self.layout, val_acc=result.val_acc, all_num_samples=self.all_num_samples, **self.extras(ids),
-        )
-        data_weights = sample_weights(num_samples)
+        inputs = self.provider.inputs(self.params, self.buffers, result, ids, r)
+        new_params = fed.aggregator.aggregate(inputs)
+        data_weights = sample_weights(inputs.num_samples)
         weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
                **round_diagnostics(self.params, new_params, result.params, weights), "lr": lr, "clients": len(chosen)}
         self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n)}
-                                for i, w, n in zip(ids, weights.tolist(), num_samples.tolist()))
+                                for i, w, n in zip(ids, weights.tolist(), inputs.num_samples.tolist()))
         self.params = new_params
-        self.buffers = combine_buffers(result.buffers, fed.aggregator.buffer_weights(num_samples))
+        self.buffers = combine_buffers(result.buffers, fed.aggregator.buffer_weights(inputs))
         return row
 
     def evaluate(self, row: dict) -> None:
-        tested = self.fed.aggregator.eval_params
-        set_params(self.fed.model, self.params if tested is None else tested)
+        set_params(self.fed.model, self.fed.aggregator.evaluated_params(self.params))
         set_buffers(self.fed.model, self.buffers)
         acc, loss = evaluate(self.fed.model, self.fed.data.eval_batches(None, self.fed.engine.eval_batch_size))
         row.update(test_acc=acc, test_loss=loss)

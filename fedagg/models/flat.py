@@ -42,6 +42,13 @@ class ParamLayout:
         return len(self.names)
 
 
+def unflatten(flat: Tensor, shapes: list[torch.Size] | tuple[torch.Size, ...]) -> list[Tensor]:
+    """Views of `flat` [..., P] as one [..., *shape] tensor per parameter (the inverse of flattening)."""
+    lead = flat.shape[:-1]
+    parts = flat.split([s.numel() for s in shapes], dim=-1)
+    return [part.view((*lead, *shape)) for part, shape in zip(parts, shapes)]
+
+
 def get_params(module: nn.Module) -> Tensor:
     return parameters_to_vector(module.parameters()).detach().clone()
 

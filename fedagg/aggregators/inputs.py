@@ -1,0 +1,101 @@
+"""What a round hands its aggregator (`RoundInputs`) and what a method declares it needs (`Needs`).
+
+Every aggregator gets the always-present fields. Anything more it declares once, in its
+`needs`, and the round loop's one provider (`fedagg.loop.inputs`) fills exactly those
+optional fields; nothing in the loop asks a method anything else. A field that was not
+declared stays None, and `inputs.need(name)` says so in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from fedagg.models.flat import ParamLayout
+
+if TYPE_CHECKING:
+    from fedagg.clients.objectives import Objective
+
+VAL_SOURCES = ("local", "server")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """An aggregator's declaration of what it needs beyond `RoundInputs`' always-present fields."""
+
+    val_acc: str | None = None  # "local": each trained client model scored on its own held-out split; "server": on the server's
+    label_hist: bool = False  # class counts of the participants [K, C] and of all clients' training data [C]
+    server_samples: int = 0  # training samples the server holds out of every client (validation or proxy set)
+    server_data: bool = False  # those samples and the model's structure, for a method that trains on them (FedLAW)
+    local_steps: bool = False  # every participant's number of local steps [K]
+    client_half: Objective | None = None  # the method's client side: a term of the local loss, per-client state, payloads
+
+    def __post_init__(self) -> None:
+        if self.val_acc is not None and self.val_acc not in VAL_SOURCES:
+            raise ValueError(f"aggregator.val_source={self.val_acc!r} is not allowed; choose one of {', '.join(VAL_SOURCES)}")
+        if (self.val_acc == "server" or self.server_data) and self.server_samples < 1:
+            raise ValueError("an aggregator that scores or trains on server data must hold out server_samples >= 1")
+
+    @property
+    def uses_extra_data(self) -> bool:
+        """Results depend on data the server trains on: such runs are reported for reference only."""
+        return self.server_data
+
+
+@dataclass(frozen=True)
+class ServerData:
+    """The server's own samples, and the global model to evaluate parameters on with `torch.func.functional_call`."""
+
+    x: Tensor  # inputs, prepared for the model, on the device
+    y: Tensor  # labels
+    model: nn.Module  # structure only: pass parameters and `buffers` explicitly
+    buffers: dict[str, Tensor]  # the global model's buffers this round (copies: BatchNorm may update them)
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """`fedagg.RoundInputs`: one round's participants, as flat vectors, and what the method declared it needs."""
+
+    global_params: Tensor  # [P] trainable parameters before the round
+    client_params: Tensor  # [K, P] after local training
+    num_samples: Tensor  # [K] training samples per participant
+    client_ids: Tensor  # [K] long, global ids
+    round: int  # 1-based
+    layout: ParamLayout  # where each parameter tensor ("layer") sits in P
+    all_num_samples: Tensor  # [N] training samples of every client, by id
+    val_acc: Tensor | None = None  # [K] Needs.val_acc
+    label_hist: Tensor | None = None  # [K, C] Needs.label_hist
+    global_label_hist: Tensor | None = None  # [C] Needs.label_hist
+    server: ServerData | None = None  # Needs.server_data
+    local_steps: Tensor | None = None  # [K] long, Needs.local_steps
+    payloads: dict[str, Tensor] = field(default_factory=dict)  # [K, ...] each, sent by Needs.client_half
+
+    @property
+    def num_clients(self) -> int:
+        return self.client_params.shape[0]
+
+    def need(self, name: str):
+        """The optional field `name`, or a clear error when the method forgot to declare it."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"this aggregator reads inputs.{name} but does not declare it in its needs "
+                             f"(fedagg.aggregators.inputs.Needs)")
+        return value
+
+    @classmethod
+    def of(cls, global_params: Tensor, client_params: Tensor, *, num_samples: Tensor | None = None,
+           client_ids: Tensor | None = None, round: int = 1, layout: ParamLayout | None = None,
+           all_num_samples: Tensor | None = None, **optional) -> "RoundInputs":
+        """Inputs with defaults for what is not given (one sample per client, ids 0..K-1, one layer):
+        for tests and notebooks that call an aggregator directly."""
+        k, p = client_params.shape
+        device = client_params.device
+        num_samples = torch.ones(k, dtype=torch.long, device=device) if num_samples is None else num_samples
+        client_ids = torch.arange(k, device=device) if client_ids is None else client_ids
+        layout = ParamLayout(("params",), (torch.Size([p]),), (0, p)) if layout is None else layout
+        if all_num_samples is None:  # only the participants are known: every other id holds nothing
+            all_num_samples = num_samples.new_zeros(int(client_ids.max()) + 1).index_copy(0, client_ids, num_samples)
+        return cls(global_params, client_params, num_samples, client_ids, round, layout, all_num_samples, **optional)

@@ -1,0 +1,69 @@
+"""What every engine is given for a round (`RoundJob`) and what it returns (`RoundResult`).
+
+An engine executes the local training that `fedagg.clients.trainer.LocalSGD` defines
+(batch plan, loss, optimizer arithmetic) for a round's clients from the global weights; it
+decides only how the forward passes run. `SequentialEngine` is the reference that other
+engines must match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from fedagg.clients.client import ClientData
+from fedagg.clients.trainer import LocalSGD
+
+
+@dataclass(frozen=True)
+class RoundJob:
+    """One round of local training."""
+
+    model: nn.Module  # the working model: its structure, and a place to load weights into
+    trainer: LocalSGD
+    data: object  # fedagg.data.device.DeviceData
+    clients: list[ClientData]
+    global_params: Tensor  # [P]
+    global_buffers: Tensor  # [B]
+    lr: float
+    seed: int
+    round: int
+    val_indices: list[Tensor] | None = None  # where to score each trained client model, when asked
+
+
+@dataclass
+class RoundResult:
+    params: Tensor  # [K, P] trainable parameters after local training
+    buffers: Tensor  # [K, B] buffers (BatchNorm statistics) after local training
+    train_loss: Tensor  # [K] mean local training loss
+    val_acc: Tensor | None  # [K] accuracy of each trained client model on its validation indices, when asked
+    local_steps: Tensor  # [K] long, optimizer steps each client took
+    payloads: dict[str, Tensor] = field(default_factory=dict)  # [K, ...] per key, from the objective
+
+
+class Engine:
+    """Shared options; a subclass implements `train_round`."""
+
+    def __init__(self, eval_batch_size: int = 1024) -> None:
+        if isinstance(eval_batch_size, bool) or not isinstance(eval_batch_size, int) or eval_batch_size < 1:
+            raise ValueError(f"engine.eval_batch_size={eval_batch_size!r} is not allowed; it must be an integer >= 1")
+        self.eval_batch_size = eval_batch_size
+
+    def check(self, trainer: LocalSGD) -> None:
+        """Refuse, before any training, local training this engine cannot run as defined."""
+
+    def train_round(self, job: RoundJob) -> RoundResult:
+        raise NotImplementedError
+
+
+def stack_payloads(payloads: list[dict[str, Tensor] | None]) -> dict[str, Tensor]:
+    """Per-client payload dicts (in the round's client order) -> one [K, ...] tensor per key."""
+    if not payloads or payloads[0] is None:
+        return {}
+    return {key: torch.stack([p[key] for p in payloads]) for key in payloads[0]}
+
+
+def local_steps(job: RoundJob) -> Tensor:
+    return torch.tensor([job.trainer.steps(c) for c in job.clients], device=job.global_params.device)

@@ -1,0 +1,77 @@
+"""The one provider of what aggregators declare they need (`Needs`) beyond the parameters.
+
+It reads the aggregator's declaration once, refuses a setup that cannot supply it before
+any training, and each round fills exactly the declared fields of `RoundInputs`: where
+each trained client model is scored, label histograms, the server's data, local step
+counts and the payloads of the method's client half.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from fedagg.aggregators.inputs import Needs, RoundInputs, ServerData
+from fedagg.clients.client import ClientData
+from fedagg.engines.base import RoundResult
+from fedagg.models.flat import ParamLayout, set_buffers
+
+
+def check_needs(needs: Needs, clients: list[ClientData], server_idx: Tensor, val_frac: float, name: str) -> None:
+    """Fail before training when this setup cannot give the aggregator what it declared."""
+    if (needs.server_data or needs.val_acc == "server") and server_idx.numel() == 0:
+        raise ValueError(f"aggregator {name} needs server data but no server split was held out")
+    if needs.val_acc == "local" and any(c.val_idx.numel() == 0 for c in clients):
+        raise ValueError(
+            f"aggregator {name} weights clients by validation accuracy (val_source=local), but "
+            f"client.val_frac={val_frac}; set client.val_frac to a fraction in (0, 1), e.g. 0.1, "
+            "or leave it null to get 0.1"
+        )
+
+
+class InputsProvider:
+    def __init__(self, needs: Needs, *, data, model: nn.Module, clients: list[ClientData], server_idx: Tensor) -> None:
+        self.needs, self.data, self.model, self.clients = needs, data, model, clients
+        self.server_idx = server_idx
+        self.layout = ParamLayout.of(model)
+        self.all_num_samples = torch.tensor([c.num_samples for c in clients], device=data.device)
+        self.label_hist = self._label_histograms() if needs.label_hist else None
+        self.server_x = data.prepare(data.train_x[server_idx]) if needs.server_data else None
+
+    def _label_histograms(self) -> Tensor:
+        """[num_clients, C] class counts of every client's training samples."""
+        labels = self.data.train_y
+        return torch.stack([torch.bincount(labels[c.train_idx], minlength=self.data.num_classes)
+                            for c in self.clients]).float()
+
+    def val_indices(self, chosen: list[ClientData]) -> list[Tensor] | None:
+        """Where each participant's trained model is scored, when the aggregator declared val_acc."""
+        if self.needs.val_acc == "server":
+            return [self.server_idx] * len(chosen)
+        if self.needs.val_acc == "local":
+            return [c.val_idx for c in chosen]
+        return None
+
+    def _server(self, buffers: Tensor) -> ServerData:
+        set_buffers(self.model, buffers)  # the global statistics, as named tensors
+        copies = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+        return ServerData(x=self.server_x, y=self.data.train_y[self.server_idx], model=self.model, buffers=copies)
+
+    def inputs(self, params: Tensor, buffers: Tensor, result: RoundResult, ids: list[int], round: int) -> RoundInputs:
+        needs = self.needs
+        hist = self.label_hist
+        return RoundInputs(
+            global_params=params,
+            client_params=result.params,
+            num_samples=self.all_num_samples[ids],
+            client_ids=torch.tensor(ids, device=params.device),
+            round=round,
+            layout=self.layout,
+            all_num_samples=self.all_num_samples,
+            val_acc=result.val_acc if needs.val_acc else None,
+            label_hist=hist[ids] if hist is not None else None,
+            global_label_hist=hist.sum(0) if hist is not None else None,
+            server=self._server(buffers) if needs.server_data else None,
+            local_steps=result.local_steps if needs.local_steps else None,
+            payloads=result.payloads,
+        )

@@ -1,0 +1,72 @@
+"""The top-level settings that drive the round loop, the device, and who takes part in a round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedagg.data.seeding import generator
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The top-level keys of `conf/config.yaml` that drive the round loop."""
+
+    seed: int = 0
+    rounds: int = 20
+    num_clients: int = 10
+    clients_per_round: int | None = None
+    eval_every: int = 1
+    target_acc: float | None = None
+    stop_at_target: bool = False
+    checkpoint_every: int = 10
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, key: str, value, allowed: str) -> None:
+            if not ok:
+                raise ValueError(f"{key}={value!r} is not allowed; {allowed}")
+
+        need(isinstance(self.seed, int), "seed", self.seed, "it must be an integer")
+        need(isinstance(self.rounds, int) and self.rounds >= 1, "rounds", self.rounds, "it must be an integer >= 1")
+        need(isinstance(self.num_clients, int) and self.num_clients >= 1, "num_clients", self.num_clients, "it must be an integer >= 1")
+        if self.clients_per_round is not None:
+            need(
+                isinstance(self.clients_per_round, int) and 1 <= self.clients_per_round <= self.num_clients,
+                "clients_per_round",
+                self.clients_per_round,
+                f"it must be an integer from 1 to num_clients={self.num_clients}, or null for all",
+            )
+        need(isinstance(self.eval_every, int) and self.eval_every >= 1, "eval_every", self.eval_every, "it must be an integer >= 1")
+        need(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 0, "checkpoint_every",
+             self.checkpoint_every, "it must be an integer >= 0 (0: only at the end)")
+        if self.target_acc is not None:
+            need(0 < self.target_acc <= 1, "target_acc", self.target_acc, "it must be a fraction in (0, 1], or null")
+        need(isinstance(self.stop_at_target, bool), "stop_at_target", self.stop_at_target, "it must be true or false")
+        need(not self.stop_at_target or self.target_acc is not None, "stop_at_target", self.stop_at_target,
+             "it needs a target_acc to stop at (set target_acc=0.95, say, or stop_at_target=false)")
+
+    @property
+    def per_round(self) -> int:
+        return self.clients_per_round or self.num_clients
+
+
+def resolve_device(name: str) -> torch.device:
+    if name not in DEVICES:
+        raise ValueError(f"device={name!r} is not allowed; choose one of {', '.join(DEVICES)}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but torch sees no CUDA device; use device=auto or device=cpu")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def sample_clients(settings: Settings, round: int) -> list[int]:
+    """Client ids taking part in `round`, ascending; all of them without partial participation."""
+    if settings.per_round == settings.num_clients:
+        return list(range(settings.num_clients))
+    g = generator(settings.seed, "sampling", round)
+    chosen = torch.randperm(settings.num_clients, generator=g)[: settings.per_round]
+    return sorted(chosen.tolist())

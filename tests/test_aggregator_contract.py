@@ -1,0 +1,182 @@
+"""The contract every `conf/aggregator/*.yaml` keeps, checked for each of them.
+
+A new method is covered by adding its YAML: it instantiates to a ready object whose YAML
+and constructor agree, reports weights that are non-negative and sum to 1, keeps per-client
+state by client id (listing a round's clients in another order changes nothing), survives a
+state_dict round trip through torch.save, and resumes bit for bit inside the round loop.
+What a round hands it is built from its own declaration (`needs`), as the loop's provider does.
+"""
+
+import csv
+import inspect
+import io
+import os
+import signal
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from torch import nn
+
+from conftest import CONF, compose_config
+from fedagg import Aggregator, RoundInputs, ServerData
+from fedagg.models.flat import ParamLayout, get_params
+from fedagg.run import train
+
+NAMES = sorted(p.stem for p in (CONF / "aggregator").glob("*.yaml"))
+NUM_CLIENTS, NUM_CLASSES = 7, 3
+ROUNDS = [[0, 2, 5, 6], [5, 1, 2], [3, 6, 0, 4, 1]]  # partial participation: who takes part in rounds 1-3
+
+
+def make(name: str) -> Aggregator:
+    return instantiate(compose_config(f"aggregator={name}").aggregator)
+
+
+class Net(nn.Module):
+    """Two layers with a BatchNorm between: a model a server-data method can train on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Linear(5, NUM_CLASSES))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Federation:
+    """Seeded client models for ROUNDS, and the declared extras a provider would give."""
+
+    def __init__(self, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        self.model = Net()
+        self.layout = ParamLayout.of(self.model)
+        self.w0 = get_params(self.model)
+        p = self.w0.numel()
+        self.deltas = [0.1 * torch.randn(len(ids), p, generator=g) for ids in ROUNDS]
+        self.all_num_samples = torch.randint(5, 40, (NUM_CLIENTS,), generator=g)
+        self.hist = torch.stack([torch.bincount(torch.randint(0, NUM_CLASSES, (int(n),), generator=g),
+                                                minlength=NUM_CLASSES) for n in self.all_num_samples]).float()
+        self.val_acc = [torch.rand(len(ids), generator=g) * 0.8 + 0.1 for ids in ROUNDS]
+        self.steps = [torch.randint(1, 9, (len(ids),), generator=g) for ids in ROUNDS]
+        self.server = (torch.randn(24, 4, generator=g), torch.randint(0, NUM_CLASSES, (24,), generator=g))
+
+    def inputs(self, agg: Aggregator, r: int, w: torch.Tensor, order: list[int] | None = None) -> RoundInputs:
+        """Round r (0-based) from global w, its clients listed in `order` (positions into ROUNDS[r])."""
+        order = torch.tensor(order if order is not None else range(len(ROUNDS[r])))
+        ids = torch.tensor(ROUNDS[r])[order]
+        needs = agg.needs
+        server = None
+        if needs.server_data:
+            buffers = {n: b.clone() for n, b in self.model.named_buffers()}
+            server = ServerData(self.server[0], self.server[1], self.model, buffers)
+        return RoundInputs(
+            global_params=w, client_params=w + self.deltas[r][order], num_samples=self.all_num_samples[ids],
+            client_ids=ids, round=r + 1, layout=self.layout, all_num_samples=self.all_num_samples,
+            val_acc=self.val_acc[r][order] if needs.val_acc else None,
+            label_hist=self.hist[ids] if needs.label_hist else None,
+            global_label_hist=self.hist.sum(0) if needs.label_hist else None,
+            server=server, local_steps=self.steps[r][order] if needs.local_steps else None,
+        )
+
+
+def run_rounds(agg: Aggregator, fed: Federation, rounds, orders=None):
+    """Aggregate the given rounds from w0; the new globals and weights of each."""
+    w, out = fed.w0, []
+    for r in rounds:
+        w = agg.aggregate(fed.inputs(agg, r, w, None if orders is None else orders[r]))
+        out.append((w, agg.last_weights.clone()))
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_yaml_instantiates_with_the_constructors_defaults(name):
+    cfg = compose_config(f"aggregator={name}").aggregator
+    agg = instantiate(cfg)
+    assert isinstance(agg, Aggregator)
+    defaults = inspect.signature(type(agg).__init__).parameters
+    for key, value in OmegaConf.to_container(cfg, resolve=True).items():
+        if key == "_target_" or isinstance(cfg[key], DictConfig):
+            continue  # a nested part (a client half) is an object of its own
+        assert key in defaults, f"{name}.yaml sets {key}, which {type(agg).__name__} does not take"
+        default = defaults[key].default
+        expected = list(default) if isinstance(cfg[key], ListConfig) else default
+        assert value == expected, f"{name}.yaml: {key}={value!r} but the constructor's default is {default!r}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_weights_are_a_distribution(name):
+    agg, fed = make(name), Federation()
+    for (w, weights), ids in zip(run_rounds(agg, fed, range(len(ROUNDS))), ROUNDS):
+        assert weights.shape == (len(ids),) and bool((weights >= 0).all())
+        assert float(weights.sum()) == pytest.approx(1.0, abs=1e-5)
+        assert w.shape == fed.w0.shape and bool(torch.isfinite(w).all())
+    buffers = agg.buffer_weights(fed.inputs(agg, 2, w))
+    assert float(buffers.sum()) == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_clients_are_known_by_id_not_by_position(name):
+    fed = Federation()
+    listed = run_rounds(make(name), fed, range(len(ROUNDS)))
+    orders = [list(reversed(range(len(ids)))) if r % 2 == 0 else [1, 2, 0] for r, ids in enumerate(ROUNDS)]
+    shuffled = run_rounds(make(name), fed, range(len(ROUNDS)), orders)
+    for (w_a, p_a), (w_b, p_b), order in zip(listed, shuffled, orders):
+        torch.testing.assert_close(w_b, w_a, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(p_b, p_a[order], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_round_trip_through_a_checkpoint_continues_bit_for_bit(name):
+    fed = Federation()
+    whole = make(name)
+    run_rounds(whole, fed, [0, 1])
+    buffer = io.BytesIO()
+    torch.save(whole.state_dict(), buffer)
+    resumed = make(name)
+    resumed.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False))
+    w = fed.w0 + 0.05
+    a, b = whole.aggregate(fed.inputs(whole, 2, w)), resumed.aggregate(fed.inputs(resumed, 2, w))
+    assert torch.equal(a, b) and torch.equal(whole.last_weights, resumed.last_weights)
+
+
+def _rows(path):
+    """A result file's rows, without the wall-clock column."""
+    with open(path) as f:
+        return [{k: v for k, v in row.items() if k != "elapsed_s"} for row in csv.DictReader(f)]
+
+
+class InterruptAtRound2:
+    """A tracker that presses Ctrl-C on its own process during round 2."""
+
+    def start(self, run_dir, config, name):
+        pass
+
+    def log_image(self, key, path):
+        pass
+
+    def log_round(self, round, metrics):
+        if round == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def finish(self, summary):
+        pass
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_interrupted_run_resumes_bit_for_bit(tmp_path, name):
+    base = ["rounds=3", "device=cpu", f"aggregator={name}", "clients_per_round=6", "client.momentum=0.9",
+            "client.keep_optimizer_state=true", "client.local_epochs=1"]
+    if name == "fedlaw":
+        base.append("aggregator.server_epochs=10")  # its 100 server epochs a round add nothing to this check
+    interrupting = [*base, f"logger._target_={__name__}.InterruptAtRound2"]
+    stopped = train(compose_config(*interrupting), tmp_path / "stopped")
+    assert stopped["status"] == "interrupted" and stopped["rounds_completed"] == 2
+    assert train(compose_config(*interrupting, "resume=true"), tmp_path / "stopped")["status"] == "completed"
+    reference = tmp_path / "reference"
+    train(compose_config(*base), reference)
+    for f in ("metrics.csv", "weights.csv"):
+        assert _rows(tmp_path / "stopped" / f) == _rows(reference / f), f
+    a, b = torch.load(tmp_path / "stopped" / "model.pt"), torch.load(reference / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
