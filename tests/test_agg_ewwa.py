@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedagg import RoundInputs
+from fedagg.aggregators import ewwa
 from fedagg.aggregators.ewwa import EWWA
 
 OPTIMIZERS = ("adam", "adagrad", "yogi")
@@ -189,3 +190,23 @@ def test_defaults_are_specs():
     agg = EWWA()
     assert (agg.optimizer, agg.moments, agg.weighting) == ("adam", "shared_sequential", "log_shift")
     assert (agg.lr, agg.beta1, agg.beta2, agg.eps) == (1.0, 0.9, 0.999, 1e-8)
+
+
+def test_weight_quantiles_interpolate_and_sample_evenly(monkeypatch):
+    row = torch.tensor([0.0, 0.1, 0.2, 0.3, 0.4])
+    p = torch.stack([row, 1 - row])  # sorted: 0 .1 .2 .3 .4 .6 .7 .8 .9 1
+    q = ewwa.weight_quantiles(p)
+    assert q == pytest.approx({"weight_q10": 0.09, "weight_q50": 0.5, "weight_q90": 0.91})
+    monkeypatch.setattr(ewwa, "QUANTILE_SAMPLE", 5)  # every 2nd weight: 0 .2 .4 .9 .7
+    assert ewwa.weight_quantiles(p)["weight_q50"] == pytest.approx(0.4)
+
+
+def test_reports_its_weight_quantiles_each_round():
+    agg = EWWA()
+    agg.aggregate(RoundInputs.of(torch.zeros(4), torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.5, 1.0, -1.0, 2.0]])))
+    reported = agg.take_diagnostics()
+    p = agg.last_weights
+    assert set(reported) == {"weight_q10", "weight_q50", "weight_q90"}
+    assert 0 <= reported["weight_q10"] <= reported["weight_q50"] <= reported["weight_q90"] <= 1
+    assert reported["weight_q10"] < 0.5 < reported["weight_q90"]  # element-wise: not the uniform 1/2 everywhere
+    assert agg.take_diagnostics() == {} and p.shape == (2,)  # taken once per round

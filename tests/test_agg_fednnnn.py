@@ -52,7 +52,9 @@ def test_three_rounds_match_spec(make, beta, gamma, weighting, stretch):
 def test_stretch_restores_the_mean_norm_of_orthogonal_updates():
     # beta=1, gamma=0: three orthogonal updates of norm 2 average to norm 2/sqrt(3); FedNNNN moves by 2
     W = W0 + 2 * torch.eye(3, 5)
-    new = run(FedNNNN(beta=1.0, gamma=0.0), W0, W)
+    agg = FedNNNN(beta=1.0, gamma=0.0)
+    new = run(agg, W0, W)
+    assert agg.take_diagnostics() == {"scale": pytest.approx(3**0.5)}  # beta E / N = 2 / (2 / sqrt 3)
     mean = (W - W0).mean(dim=0)
     assert torch.allclose(torch.linalg.vector_norm(new - W0), torch.tensor(2.0))
     assert torch.allclose(new - W0, mean * 3**0.5)  # same direction as the mean update

@@ -10,6 +10,7 @@ What a round hands it is built from its own declaration (`needs`), as the loop's
 import csv
 import inspect
 import io
+import math
 import os
 import signal
 
@@ -82,11 +83,11 @@ class Federation:
 
 
 def run_rounds(agg: Aggregator, fed: Federation, rounds, orders=None):
-    """Aggregate the given rounds from w0; the new globals and weights of each."""
+    """Aggregate the given rounds from w0; the new globals, weights and diagnostics of each."""
     w, out = fed.w0, []
     for r in rounds:
         w = agg.aggregate(fed.inputs(agg, r, w, None if orders is None else orders[r]))
-        out.append((w, agg.last_weights.clone()))
+        out.append((w, agg.last_weights.clone(), agg.take_diagnostics()))
     return out
 
 
@@ -106,12 +107,13 @@ def test_yaml_instantiates_with_the_constructors_defaults(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_weights_are_a_distribution(name):
+def test_weights_are_a_distribution_and_diagnostics_finite(name):
     agg, fed = make(name), Federation()
-    for (w, weights), ids in zip(run_rounds(agg, fed, range(len(ROUNDS))), ROUNDS):
+    for (w, weights, diagnostics), ids in zip(run_rounds(agg, fed, range(len(ROUNDS))), ROUNDS):
         assert weights.shape == (len(ids),) and bool((weights >= 0).all())
         assert float(weights.sum()) == pytest.approx(1.0, abs=1e-5)
         assert w.shape == fed.w0.shape and bool(torch.isfinite(w).all())
+        assert all(math.isfinite(v) for v in diagnostics.values()), diagnostics
     buffers = agg.buffer_weights(fed.inputs(agg, 2, w))
     assert float(buffers.sum()) == pytest.approx(1.0, abs=1e-5)
 
@@ -122,7 +124,7 @@ def test_clients_are_known_by_id_not_by_position(name):
     listed = run_rounds(make(name), fed, range(len(ROUNDS)))
     orders = [list(reversed(range(len(ids)))) if r % 2 == 0 else [1, 2, 0] for r, ids in enumerate(ROUNDS)]
     shuffled = run_rounds(make(name), fed, range(len(ROUNDS)), orders)
-    for (w_a, p_a), (w_b, p_b), order in zip(listed, shuffled, orders):
+    for (w_a, p_a, _), (w_b, p_b, _), order in zip(listed, shuffled, orders):
         torch.testing.assert_close(w_b, w_a, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(p_b, p_a[order], rtol=1e-4, atol=1e-6)
 
@@ -139,6 +141,7 @@ def test_state_round_trip_through_a_checkpoint_continues_bit_for_bit(name):
     w = fed.w0 + 0.05
     a, b = whole.aggregate(fed.inputs(whole, 2, w)), resumed.aggregate(fed.inputs(resumed, 2, w))
     assert torch.equal(a, b) and torch.equal(whole.last_weights, resumed.last_weights)
+    assert whole.take_diagnostics() == resumed.take_diagnostics()
 
 
 def _rows(path):

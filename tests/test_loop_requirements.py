@@ -185,3 +185,36 @@ def test_parallel_engine_refuses_an_objective_it_cannot_stack(tmp_path):
                                          r"stackable = False\); use engine=sequential$"):
         train(cfg, tmp_path)
     assert not (tmp_path / "metrics.csv").exists()
+
+
+class ReportsRound(Aggregator):
+    """Reports its round and participant count each round."""
+
+    def client_weights(self, inputs: RoundInputs):
+        self.report(round=inputs.round, clients=inputs.num_clients)
+        return super().client_weights(inputs)
+
+
+class RecordingTracker:
+    logged: list = []
+
+    def start(self, run_dir, config, name):
+        RecordingTracker.logged = []
+
+    def log_image(self, key, path):
+        pass
+
+    def log_round(self, round, metrics):
+        RecordingTracker.logged.append((round, metrics))
+
+    def finish(self, summary):
+        pass
+
+
+def test_reported_diagnostics_become_agg_columns_and_reach_the_tracker_every_round(tmp_path):
+    cfg = compose_config("rounds=3", "eval_every=2", "device=cpu", "clients_per_round=4",
+                         f"aggregator._target_={__name__}.ReportsRound", f"logger._target_={__name__}.RecordingTracker")
+    train(cfg, tmp_path)
+    rows = _rows(tmp_path / "metrics.csv")  # evaluated rounds only: 2 (eval_every) and 3 (the last)
+    assert [(r["round"], r["agg_round"], r["agg_clients"]) for r in rows] == [("2", "2.0", "4.0"), ("3", "3.0", "4.0")]
+    assert [(r, m["agg_round"]) for r, m in RecordingTracker.logged] == [(1, 1.0), (2, 2.0), (3, 3.0)]

@@ -8,9 +8,10 @@ method whose rule is not "weights, then one update" overrides `aggregate` itself
 sets `last_weights` ([K], summing to 1; element-wise rules report each client's mean weight).
 
 What a method needs beyond the always-present fields of `RoundInputs` it declares in
-`needs`. State that must survive a resume goes in `state_dict()`; per-client state is
-keyed by the client's global id (`inputs.client_ids`), never by its position in this
-round's sample.
+`needs`; per-round scalars worth plotting (a learned factor, a loss) it passes to
+`report(...)`, and they land in `metrics.csv` as `agg_<name>` columns. State that must
+survive a resume goes in `state_dict()`; per-client state is keyed by the client's global
+id (`inputs.client_ids`), never by its position in this round's sample.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Aggregator:
 
     needs: Needs = Needs()
     last_weights: Tensor | None = None  # [K] the weights of the last aggregate
+    _reported: dict[str, float] | None = None
 
     def __init__(self, weighting: str = "samples") -> None:
         if weighting not in WEIGHTINGS:
@@ -66,6 +68,17 @@ class Aggregator:
         """The parameters the test set scores after this round: the new global model, unless the
         method's paper evaluates another one (FedNNNN's plain average)."""
         return global_params
+
+    def report(self, **scalars: float) -> None:
+        """Record per-round diagnostics; the loop writes them as `agg_<name>` columns."""
+        if self._reported is None:
+            self._reported = {}
+        self._reported.update({k: float(v) for k, v in scalars.items()})
+
+    def take_diagnostics(self) -> dict[str, float]:
+        """What `report` recorded since the last call (the loop calls this once per round)."""
+        taken, self._reported = self._reported or {}, None
+        return taken
 
     def state_dict(self) -> dict:
         return {}

@@ -21,6 +21,16 @@ from fedagg.aggregators.inputs import RoundInputs
 OPTIMIZERS = ("adam", "adagrad", "yogi")
 MOMENTS = ("shared_sequential", "per_client")
 WEIGHTINGS = ("log_shift", "softmax")
+QUANTILES = (0.1, 0.5, 0.9)
+QUANTILE_SAMPLE = 1 << 20  # torch.quantile sorts: an evenly strided sample of at most this many weights
+
+
+def weight_quantiles(p: Tensor) -> dict[str, float]:
+    """10th, 50th and 90th percentile of the per-element weights p [K, P] (uniform: all 1/K)."""
+    flat = p.reshape(-1)
+    flat = flat[:: -(-flat.numel() // QUANTILE_SAMPLE)].float()
+    values = torch.quantile(flat, torch.tensor(QUANTILES, device=flat.device))
+    return {f"weight_q{round(100 * q):02d}": float(v) for q, v in zip(QUANTILES, values)}
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -106,6 +116,7 @@ class EWWA(Aggregator):
         # on a client so that identical clients (or a single one) come back bit-exact
         new = clients[0] + (p * (clients - clients[0])).sum(dim=0)
         self.last_weights = torch.empty_like(p[:, 0]).index_copy_(0, order, p.mean(dim=1))
+        self.report(**weight_quantiles(p))
         return new
 
     def buffer_weights(self, inputs: RoundInputs) -> Tensor:

@@ -52,6 +52,7 @@ class FedAdp(Aggregator):
         for i, s in zip(ids, smoothed):
             self.angles[i] = s.clone()
 
+        self.report(angle=float(smoothed.mean()))  # radians: how far the participants point from the mean update
         a = self.alpha
         f = a * (1 - torch.exp(-torch.exp(-a * (smoothed - 1))))  # eq. 9 (Gompertz)
         n = num_samples.to(W.dtype) if self.use_sizes else torch.ones_like(f)

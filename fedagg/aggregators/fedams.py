@@ -98,6 +98,7 @@ class FedCAMS(FedAMS):
         residual = corrected - sent  # e_k <- Delta_k + e_k - c_k (Alg. 2, client)
         for i, e in zip(ids, residual):
             self.errors[i] = e.clone()  # own storage: a row view would keep this round's [K, P] alive
+        self.report(error_norm=float(torch.linalg.vector_norm(residual, dim=1).mean()))  # what compression held back
         return self.server_update(inputs, weights @ sent)  # FedAMS on sum_k p_k c_k
 
     def state_dict(self) -> dict:

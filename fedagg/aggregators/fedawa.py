@@ -53,7 +53,6 @@ class FedAWA(Aggregator):
         self.server_lr, self.betas, self.server_steps = float(server_lr), tuple(float(b) for b in pair), server_steps
         self.reg, self.use_updated = reg, use_updated
         self.logits: dict[int, Tensor] = {}  # client id -> [L] logits, L = number of layers
-        self.last_loss: float | None = None  # Eq. (3)/(4) at the pre-step logits, for diagnostics
 
     def layers(self, layout: ParamLayout, num_params: int) -> list[slice]:
         return [slice(0, num_params)]
@@ -101,7 +100,7 @@ class FedAWA(Aggregator):
                 loss.backward()
                 opt.step()
                 if step == 0:
-                    self.last_loss = float(loss.detach())
+                    self.report(loss=float(loss.detach()))
         T = T.detach()
         for k, cid in enumerate(ids):
             self.logits[cid] = T[k].clone()

@@ -65,6 +65,7 @@ class FedDisco(Aggregator):
         d = self._discrepancy(local, target)
         D = sample_weights(inputs.num_samples).to(device)  # D_k over this round's participants
         score = torch.relu(D - self.a * d + self.b)  # discrepancy-aware weight before normalising
+        self.report(clipped=float((score == 0).sum()))  # participants whose discrepancy cost them all weight
         total = score.sum()
         # every score clipped to 0 (only with a large a or a negative b): fall back to data size, FedAvg
         return torch.where(total > 0, score / torch.where(total > 0, total, 1.0), D)

@@ -73,6 +73,7 @@ class FedDyn(Aggregator):
         self.h = h - self.alpha / m_total * update_sum  # Algorithm 1: h^t = h^{t-1} − α (1/m) Σ_k (θ_k^t − θ^{t-1})
         k = client_params.shape[0]
         self.last_weights = torch.full((k,), 1.0 / k, device=client_params.device, dtype=client_params.dtype)
+        self.report(h_norm=float(torch.linalg.vector_norm(self.h)))
         return client_params.mean(dim=0) - self.h / self.alpha  # θ^t = (1/|P|) Σ_k θ_k^t − h^t/α
 
     def state_dict(self) -> dict:

@@ -76,7 +76,6 @@ class FedLAW(Aggregator):
         if init_weights not in INITS:
             raise _bad("init_weights", init_weights, f"choose one of {', '.join(INITS)}")
         self.init_weights = init_weights
-        self.last_gamma: float | None = None  # the learned shrink factor, for diagnostics
 
     def batches(self, num: int, generator: torch.Generator, device) -> list[Tensor]:
         """This epoch's minibatches: a shuffle seeded by the round (reproducible on resume), split evenly
@@ -102,6 +101,7 @@ class FedLAW(Aggregator):
         try:
             with torch.enable_grad():
                 for _ in range(self.server_epochs):
+                    epoch_loss = torch.zeros((), device=W.device)  # proxy-set loss of the last epoch, reported
                     for idx in self.batches(y_srv.numel(), shuffle, y_srv.device):
                         merged = g.exp() * (torch.softmax(x, dim=0) @ W)  # γ Σ_k λ_k W_k
                         params = {n: merged[s].view(shape) for n, s, shape in zip(layout.names, layout.slices, layout.shapes)}
@@ -109,9 +109,11 @@ class FedLAW(Aggregator):
                         opt.zero_grad()
                         loss.backward()
                         opt.step()
+                        epoch_loss += loss.detach() * idx.numel() / y_srv.numel()
                     sched.step()
         finally:
             model.train(was_training)
         lam, gamma = torch.softmax(x.detach(), dim=0), g.detach().exp()
-        self.last_weights, self.last_gamma = lam, float(gamma)
+        self.last_weights = lam
+        self.report(gamma=float(gamma), loss=float(epoch_loss))
         return gamma * (lam @ W)  # new global γ Σ_k λ_k W_k with the learned values

@@ -58,7 +58,9 @@ class FedNNNN(Aggregator):
         n = torch.linalg.vector_norm(a)  # N, eq. 4
         e = p @ torch.linalg.vector_norm(delta, dim=1)  # E, eq. 5
         d = torch.zeros_like(global_params) if self.momentum is None else self.momentum.to(global_params)
-        self.momentum = self.gamma * d + self.scale(e, n) * a  # eq. 12 (Alg. 3 line 11)
+        scale = self.scale(e, n)
+        self.report(scale=float(scale))  # beta E / N: how far the mean update is stretched
+        self.momentum = self.gamma * d + scale * a  # eq. 12 (Alg. 3 line 11)
         return global_params + self.momentum  # eq. 13 (Alg. 3 line 12)
 
     def evaluated_params(self, global_params: Tensor) -> Tensor:

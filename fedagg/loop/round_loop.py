@@ -84,7 +84,8 @@ class RoundLoop:
         data_weights = sample_weights(inputs.num_samples)
         weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
-               **round_diagnostics(self.params, new_params, result.params, weights), "lr": lr, "clients": len(chosen)}
+               **round_diagnostics(self.params, new_params, result.params, weights), "lr": lr, "clients": len(chosen),
+               **{f"agg_{k}": v for k, v in fed.aggregator.take_diagnostics().items()}}
         self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n)}
                                 for i, w, n in zip(ids, weights.tolist(), inputs.num_samples.tolist()))
         self.params = new_params
