@@ -55,16 +55,17 @@ class BatchPlan:
         valid = (local < n_k) & (t < batches_k * epochs)
         self.pos = torch.where(valid, offset_k + (t // batches_k) * n_k + local, offset_k).to(data.device)
         counts = valid.sum(2)  # [T, K]: samples in each client's batch (0 once it is done)
-        self.groups: list[list[tuple[int, Selection]]] = [self._group(row) for row in counts]
+        self.groups: list[list[tuple[int, Selection]]] = [self._group(row) for row in counts.tolist()]
 
-    def _group(self, counts: Tensor) -> list[tuple[int, Selection]]:
-        """(batch size n, clients with n samples this step), the largest n first."""
+    def _group(self, counts: list[int]) -> list[tuple[int, Selection]]:
+        """(batch size n, clients with n samples this step), the largest n first. In plain Python: a
+        step's handful of counts costs less so than as tensor calls, which every step would pay."""
         groups = []
-        for n in counts[counts > 0].unique().flip(0).tolist():
-            members = (counts == n).nonzero().view(-1)
-            lo, hi = int(members[0]), int(members[-1]) + 1
+        for n in sorted({c for c in counts if c > 0}, reverse=True):
+            members = [k for k, c in enumerate(counts) if c == n]
+            lo, hi = members[0], members[-1] + 1
             contiguous = hi - lo == len(members)
-            groups.append((n, slice(lo, hi) if contiguous else members.to(self.data.device)))
+            groups.append((n, slice(lo, hi) if contiguous else torch.tensor(members, device=self.data.device)))
         return groups
 
     def __len__(self) -> int:
