@@ -22,12 +22,15 @@ from torch import nn
 
 from conftest import CONF, compose_config
 from fedagg import Aggregator, RoundInputs, ServerData
+from fedagg.clients.objectives import LocalWork
+from fedagg.clients.trainer import LocalSolver
 from fedagg.models.flat import ParamLayout, get_params
 from fedagg.run import train
 
 NAMES = sorted(p.stem for p in (CONF / "aggregator").glob("*.yaml"))
 NUM_CLIENTS, NUM_CLASSES = 7, 3
 ROUNDS = [[0, 2, 5, 6], [5, 1, 2], [3, 6, 0, 4, 1]]  # partial participation: who takes part in rounds 1-3
+LR, SOLVER = 0.05, LocalSolver(momentum=0.0, nesterov=False, weight_decay=0.0, proximal_mu=0.0, keeps_momentum=False)
 
 
 def make(name: str) -> Aggregator:
@@ -72,13 +75,21 @@ class Federation:
         if needs.server_data:
             buffers = {n: b.clone() for n, b in self.model.named_buffers()}
             server = ServerData(self.server[0], self.server[1], self.model, buffers)
+        trained, steps = w + self.deltas[r][order], self.steps[r][order]
+        payloads = {}
+        if needs.client_half is not None:  # what the half sends after each client's local steps
+            sent = [needs.client_half.after_training(int(i), row, w, LocalWork(int(s), LR))
+                    for i, row, s in zip(ids, trained, steps)]
+            payloads = {key: torch.stack([x[key] for x in sent]) for key in sent[0]} if sent[0] else {}
         return RoundInputs(
-            global_params=w, client_params=w + self.deltas[r][order], num_samples=self.all_num_samples[ids],
+            global_params=w, client_params=trained, num_samples=self.all_num_samples[ids],
             client_ids=ids, round=r + 1, layout=self.layout, all_num_samples=self.all_num_samples,
             val_acc=self.val_acc[r][order] if needs.val_acc else None,
             label_hist=self.hist[ids] if needs.label_hist else None,
             global_label_hist=self.hist.sum(0) if needs.label_hist else None,
-            server=server, local_steps=self.steps[r][order] if needs.local_steps else None,
+            server=server, local_steps=steps if needs.local_steps else None,
+            local_lr=LR if needs.local_steps else None, local_solver=SOLVER if needs.local_steps else None,
+            payloads=payloads,
         )
 
 

@@ -157,3 +157,32 @@ def test_compiled_engine_matches_eager():
 def test_bad_options_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         ParallelEngine(**kwargs)
+
+
+def test_budgets_cut_each_clients_plan_short_and_both_engines_agree():
+    """Stragglers: a client with a budget of b steps trains on the first b batches of its usual plan."""
+    model, data, clients = _setup(CNNSmall, 1, 28, [9, 21, 14, 18], True)
+    trainer = dict(lr=0.05, momentum=0.9, batch_size=4, local_epochs=2)
+    full = [num_steps(c.num_samples, 4, 2) for c in clients]  # 6, 12, 8, 10
+    budgets = [2, 40, 1, 7]  # 40 is more than client 1 has: it takes its 12
+    steps = [min(f, b) for f, b in zip(full, budgets)]
+    for client, budget, step in zip(clients, budgets, steps):  # a prefix of the client's full plan
+        whole = BatchPlan([client], data, batch_size=4, epochs=2, seed=3, round=1)
+        cut = BatchPlan([client], data, batch_size=4, epochs=2, seed=3, round=1, budgets=[budget])
+        assert cut.steps == [step] and len(cut) == step and cut.seen == [sum(n for (n, _), in whole.groups[:step])]
+        for t in range(step):
+            (n, one), = cut.groups[t]
+            assert torch.equal(cut.batch(t, n, one)[0], whole.batch(t, *whole.groups[t][0])[0])
+    gp, gb = get_params(model), get_buffers(model)
+    outs = [engine.train_round(RoundJob(model, LocalSGD(**trainer), data, clients, gp, gb, lr=0.05, seed=3, round=1,
+                                        budgets=budgets)) for engine in (SequentialEngine(), ParallelEngine())]
+    for out in outs:
+        assert out.local_steps.tolist() == steps
+    for k in range(4):
+        assert _rel(outs[1].params[k], outs[0].params[k]) < TOL
+    torch.testing.assert_close(outs[1].train_loss, outs[0].train_loss, rtol=TOL, atol=TOL)
+    unbudgeted = SequentialEngine().train_round(RoundJob(model, LocalSGD(**trainer), data, clients, gp, gb, lr=0.05,
+                                                         seed=3, round=1))
+    assert torch.equal(unbudgeted.params[1], outs[0].params[1])  # a budget above the full plan changes nothing
+    assert not torch.equal(unbudgeted.params[0], outs[0].params[0])
+

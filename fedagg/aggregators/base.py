@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.inputs import Needs, RoundInputs
+from fedagg.clients.trainer import LocalSolver
 
 WEIGHTINGS = ("samples", "uniform")
 
@@ -41,6 +42,9 @@ class Aggregator:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"aggregator.weighting={weighting!r} is not allowed; choose one of {', '.join(WEIGHTINGS)}")
         self.weighting = weighting
+
+    def check_clients(self, solver: LocalSolver) -> None:
+        """Refuse, before any training, local training this method has no rule for (FedNova: Nesterov)."""
 
     def client_weights(self, inputs: RoundInputs) -> Tensor:
         """[K] non-negative weights summing to 1."""

@@ -18,6 +18,7 @@ from fedagg.models.flat import ParamLayout
 
 if TYPE_CHECKING:
     from fedagg.clients.objectives import Objective
+    from fedagg.clients.trainer import LocalSolver
 
 VAL_SOURCES = ("local", "server")
 
@@ -30,7 +31,7 @@ class Needs:
     label_hist: bool = False  # class counts of the participants [K, C] and of all clients' training data [C]
     server_samples: int = 0  # training samples the server holds out of every client (validation or proxy set)
     server_data: bool = False  # those samples and the model's structure, for a method that trains on them (FedLAW)
-    local_steps: bool = False  # every participant's number of local steps [K]
+    local_steps: bool = False  # every participant's local steps [K], the round's local lr and the local solver
     client_half: Objective | None = None  # the method's client side: a term of the local loss, per-client state, payloads
 
     def __post_init__(self) -> None:
@@ -71,6 +72,8 @@ class RoundInputs:
     global_label_hist: Tensor | None = None  # [C] Needs.label_hist
     server: ServerData | None = None  # Needs.server_data
     local_steps: Tensor | None = None  # [K] long, Needs.local_steps
+    local_lr: float | None = None  # the clients' learning rate this round, Needs.local_steps
+    local_solver: LocalSolver | None = None  # momentum, proximal term, ... of local SGD, Needs.local_steps
     payloads: dict[str, Tensor] = field(default_factory=dict)  # [K, ...] each, sent by Needs.client_half
 
     @property

@@ -26,11 +26,15 @@ def num_steps(num_samples: int, batch_size: int, epochs: int) -> int:
 
 
 class BatchPlan:
-    def __init__(self, clients: list[ClientData], data, *, batch_size: int, epochs: int, seed: int, round: int) -> None:
-        """`clients` must be ordered by num_steps, most first."""
+    def __init__(self, clients: list[ClientData], data, *, batch_size: int, epochs: int, seed: int, round: int,
+                 budgets: list[int] | None = None) -> None:
+        """`clients` must be ordered by the steps they take, most first; a client with a budget stops after
+        that many steps (its batches are drawn as for a full round, so a budget only cuts it short)."""
         self.data, self.batch_size = data, batch_size
         sizes = [c.num_samples for c in clients]
         self.steps = [num_steps(n, batch_size, epochs) for n in sizes]
+        if budgets is not None:
+            self.steps = [min(full, budget) for full, budget in zip(self.steps, budgets)]
         if any(a < b for a, b in zip(self.steps, self.steps[1:])):
             raise ValueError("BatchPlan needs clients ordered by their number of steps, most first")
         order, crops = [], []
@@ -52,9 +56,10 @@ class BatchPlan:
         offset_k = torch.tensor([0] + sizes[:-1]).cumsum(0).view(1, -1, 1) * epochs
         t = torch.arange(self.steps[0] if self.steps else 0).view(-1, 1, 1)
         local = (t % batches_k) * batch_size + torch.arange(batch_size).view(1, 1, -1)
-        valid = (local < n_k) & (t < batches_k * epochs)
+        valid = (local < n_k) & (t < torch.tensor(self.steps).view(1, -1, 1))
         self.pos = torch.where(valid, offset_k + (t // batches_k) * n_k + local, offset_k).to(data.device)
         counts = valid.sum(2)  # [T, K]: samples in each client's batch (0 once it is done)
+        self.seen: list[int] = counts.sum(0).tolist()  # samples each client trains on this round
         self.groups: list[list[tuple[int, Selection]]] = [self._group(row) for row in counts.tolist()]
 
     def _group(self, counts: list[int]) -> list[tuple[int, Selection]]:

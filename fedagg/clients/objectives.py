@@ -32,6 +32,7 @@ class Objective:
 
     adds_to_loss = False  # True for every objective that changes local training
     stackable = True  # its penalty runs under torch.func.vmap on stacked clients (engine=parallel)
+    proximal_mu = 0.0  # mu of a mu/2 ||theta - w||^2 term it adds, for server rules that depend on it (FedNova)
 
     def penalty(self, params: list[Tensor], anchor: list[Tensor], state: list[Tensor] | None) -> Tensor | None:
         """Term added to the batch loss; `anchor` is the round's global model, `state` this client's."""
@@ -62,7 +63,7 @@ class FedProx(Objective):
     def __init__(self, mu: float = 0.01) -> None:
         if not mu >= 0:
             raise ValueError(f"client.objective.mu={mu!r} is not allowed; it must be >= 0")
-        self.mu = mu
+        self.mu = self.proximal_mu = mu
 
     def penalty(self, params, anchor, state):
         return 0.5 * self.mu * squared_distance(params, anchor)

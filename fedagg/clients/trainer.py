@@ -13,6 +13,7 @@ objective's state), keyed by client id.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,17 @@ from fedagg.clients.stacked_sgd import StackedSGD
 from fedagg.models.flat import unflatten
 
 SCHEDULES = ("constant", "exponential", "multistep")
+
+
+@dataclass(frozen=True)
+class LocalSolver:
+    """How clients take their local steps, for a server rule that depends on it (FedNova's a_k)."""
+
+    momentum: float
+    nesterov: bool
+    weight_decay: float
+    proximal_mu: float  # of the client objective; 0 without a proximal term
+    keeps_momentum: bool  # momentum buffers carried from round to round (keep_optimizer_state)
 
 
 def _check(condition: bool, key: str, value, allowed: str) -> None:
@@ -85,19 +97,27 @@ class LocalSGD:
             return self.lr * self.gamma**passed
         return self.lr
 
+    def solver(self) -> LocalSolver:
+        return LocalSolver(self.momentum, self.nesterov, self.weight_decay, self.objective.proximal_mu,
+                           self.keep_optimizer_state and self.momentum > 0)
+
     # -- the definition of local training, executed by every engine ----------------------
     @property
     def stackable(self) -> bool:
         """Whether the loss can run under torch.func.vmap over stacked clients (engine=parallel)."""
         return self.objective.stackable
 
-    def steps(self, client: ClientData) -> int:
-        """Optimizer steps `client` takes in a round."""
-        return num_steps(client.num_samples, self.batch_size, self.local_epochs)
+    def steps(self, client: ClientData, budget: int | None = None) -> int:
+        """Optimizer steps `client` takes in a round: its local epochs, or fewer when its budget says so."""
+        full = num_steps(client.num_samples, self.batch_size, self.local_epochs)
+        return full if budget is None else min(full, budget)
 
-    def plan(self, clients: list[ClientData], data, *, seed: int, round: int) -> BatchPlan:
-        """Every batch of these clients' round, drawn from each client's own stream (most steps first)."""
-        return BatchPlan(clients, data, batch_size=self.batch_size, epochs=self.local_epochs, seed=seed, round=round)
+    def plan(self, clients: list[ClientData], data, *, seed: int, round: int,
+             budgets: list[int] | None = None) -> BatchPlan:
+        """Every batch of these clients' round, drawn from each client's own stream (most steps first);
+        a client with a budget takes the first `budget` batches of its plan."""
+        return BatchPlan(clients, data, batch_size=self.batch_size, epochs=self.local_epochs, seed=seed, round=round,
+                         budgets=budgets)
 
     def loss(self, logits: Tensor, y: Tensor, params: list[Tensor], anchor: list[Tensor],
              state: list[Tensor] | None) -> tuple[Tensor, Tensor]:
@@ -120,16 +140,17 @@ class LocalSGD:
         return StackedSGD(params, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
                           weight_decay=self.weight_decay, saved=saved)
 
-    def finish(self, clients: list[ClientData], trained: Tensor, global_params: Tensor, sgd: StackedSGD,
-               template: nn.Module, lr: float) -> list[dict[str, Tensor] | None]:
+    def finish(self, plan: BatchPlan, clients: list[ClientData], trained: Tensor, global_params: Tensor,
+               sgd: StackedSGD, template: nn.Module, lr: float) -> list[dict[str, Tensor] | None]:
         """After local training: keep optimizer and objective state; what each client sends the server."""
         if self.keep_optimizer_state:
             for c, state in zip(clients, sgd.state_dicts(template)):
                 self.optimizer_states[c.id] = state
-        return [self.objective.after_training(c.id, row, global_params, LocalWork(self.steps(c), lr))
-                for c, row in zip(clients, trained)]
+        return [self.objective.after_training(c.id, row, global_params, LocalWork(steps, lr))
+                for c, row, steps in zip(clients, trained, plan.steps)]
 
-    def mean_loss(self, loss_sums: Tensor, clients: list[ClientData]) -> Tensor:
+    @staticmethod
+    def mean_loss(loss_sums: Tensor, plan: BatchPlan) -> Tensor:
         """[k] mean task loss per training sample seen, from each client's sum of batch loss x batch size."""
-        seen = [c.num_samples * self.local_epochs for c in clients]
-        return (loss_sums.double() / torch.tensor(seen, dtype=torch.float64, device=loss_sums.device)).float()
+        seen = torch.tensor(plan.seen, dtype=torch.float64, device=loss_sums.device)
+        return (loss_sums.double() / seen).float()

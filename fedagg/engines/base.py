@@ -31,6 +31,14 @@ class RoundJob:
     seed: int
     round: int
     val_indices: list[Tensor] | None = None  # where to score each trained client model, when asked
+    budgets: list[int] | None = None  # most local steps each client may take (stragglers); None: all of them
+
+    def budget(self, k: int) -> int | None:
+        return None if self.budgets is None else self.budgets[k]
+
+    def steps(self) -> list[int]:
+        """The local steps each client takes."""
+        return [self.trainer.steps(c, self.budget(k)) for k, c in enumerate(self.clients)]
 
 
 @dataclass
@@ -66,4 +74,4 @@ def stack_payloads(payloads: list[dict[str, Tensor] | None]) -> dict[str, Tensor
 
 
 def local_steps(job: RoundJob) -> Tensor:
-    return torch.tensor([job.trainer.steps(c) for c in job.clients], device=job.global_params.device)
+    return torch.tensor(job.steps(), device=job.global_params.device)

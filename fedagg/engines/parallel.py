@@ -89,7 +89,7 @@ class ParallelEngine(Engine):
         self._prepare_model(job.model)
         self._trainer = job.trainer  # read by the vmapped loss
         clients, val_indices = job.clients, job.val_indices
-        steps = [job.trainer.steps(c) for c in clients]
+        steps = job.steps()
         order = sorted(range(len(clients)), key=lambda k: -steps[k])  # stable: ties keep the round's order
         n_chunks = -(-len(clients) // self.chunk_size)
         bounds = [len(clients) * i // n_chunks for i in range(n_chunks + 1)]  # chunks of near-equal size
@@ -102,10 +102,10 @@ class ParallelEngine(Engine):
         for lo, hi in zip(bounds, bounds[1:]):
             idx = order[lo:hi]
             chunk = [clients[k] for k in idx]
-            flat, flat_buffers, loss_sums, sent, P, Bf = self._train_chunk(job, chunk)
+            budgets = None if job.budgets is None else [job.budgets[k] for k in idx]
+            flat, flat_buffers, mean_losses, sent, P, Bf = self._train_chunk(job, chunk, budgets)
             rows = torch.tensor(idx, device=device)
-            params[rows], buffers[rows] = flat, flat_buffers
-            losses[rows] = job.trainer.mean_loss(loss_sums, chunk)
+            params[rows], buffers[rows], losses[rows] = flat, flat_buffers, mean_losses
             for k, payload in zip(idx, sent):
                 payloads[k] = payload
             if val_indices is not None:
@@ -113,11 +113,11 @@ class ParallelEngine(Engine):
         return RoundResult(params=params, buffers=buffers, train_loss=losses, val_acc=accs,
                            local_steps=local_steps(job), payloads=stack_payloads(payloads))
 
-    def _train_chunk(self, job: RoundJob, clients: list[ClientData]):
-        """Train one chunk; returns flat params [k, P], flat buffers [k, B], summed batch losses [k],
+    def _train_chunk(self, job: RoundJob, clients: list[ClientData], budgets: list[int] | None):
+        """Train one chunk; returns flat params [k, P], flat buffers [k, B], mean task losses [k],
         payloads, and the stacked per-tensor parameters and buffers."""
         k, trainer, global_params = len(clients), job.trainer, job.global_params
-        plan = trainer.plan(clients, job.data, seed=job.seed, round=job.round)
+        plan = trainer.plan(clients, job.data, seed=job.seed, round=job.round, budgets=budgets)
         P = [p.unsqueeze(0).repeat(k, *[1] * len(p.shape)).contiguous()
              for p in unflatten(global_params, self._pshapes)]  # per parameter tensor, [k, ...]
         Bf = self._stacked_buffers(job.global_buffers, k)  # per buffer, [k, ...]
@@ -143,9 +143,9 @@ class ParallelEngine(Engine):
                         b[sel] = new
                 loss_sum[sel] += task * n
         flat = torch.cat([p.reshape(k, -1) for p in P], 1)
-        sent = trainer.finish(clients, flat, global_params, sgd, job.model, job.lr)
+        sent = trainer.finish(plan, clients, flat, global_params, sgd, job.model, job.lr)
         flat_buffers = torch.cat([b.reshape(k, -1).float() for b in Bf], 1) if Bf else flat.new_zeros(k, 0)
-        return flat, flat_buffers, loss_sum, sent, P, Bf
+        return flat, flat_buffers, trainer.mean_loss(loss_sum, plan), sent, P, Bf
 
     @torch.no_grad()
     def _accuracy(self, P: list[Tensor], Bf: list[Tensor], val_idx: list[Tensor], data) -> Tensor:

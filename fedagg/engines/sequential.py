@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from fedagg.clients.client import ClientData
 from fedagg.clients.validation import ValidationPlan
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params, unflatten
@@ -22,7 +21,7 @@ class SequentialEngine(Engine):
         for k, client in enumerate(job.clients):
             set_params(job.model, job.global_params)
             set_buffers(job.model, job.global_buffers)
-            loss, payload = self._train_client(job, client)
+            loss, payload = self._train_client(job, k)
             losses.append(loss)
             payloads.append(payload)
             params.append(get_params(job.model))
@@ -32,16 +31,17 @@ class SequentialEngine(Engine):
         return RoundResult(
             params=torch.stack(params),
             buffers=torch.stack(buffers),
-            train_loss=job.trainer.mean_loss(torch.stack(losses), job.clients),
+            train_loss=torch.cat(losses),
             val_acc=torch.cat(accs) if job.val_indices is not None else None,
             local_steps=local_steps(job),
             payloads=stack_payloads(payloads),
         )
 
-    def _train_client(self, job: RoundJob, client: ClientData):
-        """One client's local training in `job.model`; (its summed batch losses, its payload)."""
-        trainer, model = job.trainer, job.model
-        plan = trainer.plan([client], job.data, seed=job.seed, round=job.round)
+    def _train_client(self, job: RoundJob, k: int):
+        """Client k's local training in `job.model`; (its mean task loss [1], its payload)."""
+        trainer, model, client = job.trainer, job.model, job.clients[k]
+        budget = job.budget(k)
+        plan = trainer.plan([client], job.data, seed=job.seed, round=job.round, budgets=None if budget is None else [budget])
         params = list(model.parameters())
         shapes = [p.shape for p in params]
         sgd = trainer.optimizer([p.data.unsqueeze(0) for p in params], [client], job.lr)  # steps write into the model
@@ -58,8 +58,8 @@ class SequentialEngine(Engine):
             sgd.step([g.unsqueeze(0) for g in grads], one)
             loss_sum += task * n
         trained = get_params(model)
-        payload, = trainer.finish([client], trained.unsqueeze(0), job.global_params, sgd, model, job.lr)
-        return loss_sum, payload
+        payload, = trainer.finish(plan, [client], trained.unsqueeze(0), job.global_params, sgd, model, job.lr)
+        return trainer.mean_loss(loss_sum.unsqueeze(0), plan), payload
 
     @torch.no_grad()
     def _accuracy(self, job: RoundJob, val_idx) -> torch.Tensor:

@@ -66,6 +66,7 @@ def connect(parts: Parts) -> None:
             raise ValueError(f"the aggregator brings its own client half ({type(half).__name__}); client objective "
                              f"{type(trainer.objective).__name__} cannot be added to it: use client/objective=none")
         trainer.objective = half
+    parts.aggregator.check_clients(trainer.solver())
     parts.engine.check(trainer)
 
 

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from fedagg.aggregators.inputs import Needs, RoundInputs, ServerData
 from fedagg.clients.client import ClientData
+from fedagg.clients.trainer import LocalSolver
 from fedagg.engines.base import RoundResult
 from fedagg.models.flat import ParamLayout, set_buffers
 
@@ -30,8 +31,9 @@ def check_needs(needs: Needs, clients: list[ClientData], server_idx: Tensor, val
 
 
 class InputsProvider:
-    def __init__(self, needs: Needs, *, data, model: nn.Module, clients: list[ClientData], server_idx: Tensor) -> None:
-        self.needs, self.data, self.model, self.clients = needs, data, model, clients
+    def __init__(self, needs: Needs, *, data, model: nn.Module, clients: list[ClientData], server_idx: Tensor,
+                 solver: LocalSolver) -> None:
+        self.needs, self.data, self.model, self.clients, self.solver = needs, data, model, clients, solver
         self.server_idx = server_idx
         self.layout = ParamLayout.of(model)
         self.all_num_samples = torch.tensor([c.num_samples for c in clients], device=data.device)
@@ -57,7 +59,8 @@ class InputsProvider:
         copies = {name: b.detach().clone() for name, b in self.model.named_buffers()}
         return ServerData(x=self.server_x, y=self.data.train_y[self.server_idx], model=self.model, buffers=copies)
 
-    def inputs(self, params: Tensor, buffers: Tensor, result: RoundResult, ids: list[int], round: int) -> RoundInputs:
+    def inputs(self, params: Tensor, buffers: Tensor, result: RoundResult, ids: list[int], round: int,
+               lr: float) -> RoundInputs:
         needs = self.needs
         hist = self.label_hist
         return RoundInputs(
@@ -73,5 +76,7 @@ class InputsProvider:
             global_label_hist=hist.sum(0) if hist is not None else None,
             server=self._server(buffers) if needs.server_data else None,
             local_steps=result.local_steps if needs.local_steps else None,
+            local_lr=lr if needs.local_steps else None,
+            local_solver=self.solver if needs.local_steps else None,
             payloads=result.payloads,
         )

@@ -40,7 +40,7 @@ class RoundLoop:
         self.fed, self.settings, self.run_dir = fed, settings, Path(run_dir)
         self.device = fed.data.device
         self.provider = InputsProvider(fed.aggregator.needs, data=fed.data, model=fed.model, clients=fed.clients,
-                                       server_idx=fed.server_idx)
+                                       server_idx=fed.server_idx, solver=fed.trainer.solver())
         self.params, self.buffers = get_params(fed.model), get_buffers(fed.model)
         self.metrics, self.weights_log = CSVLog(self.run_dir / "metrics.csv"), CSVLog(self.run_dir / "weights.csv")
         self.summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
@@ -79,7 +79,7 @@ class RoundLoop:
             fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=self.settings.seed,
             round=r, val_indices=self.provider.val_indices(chosen)))
         ids = [c.id for c in chosen]
-        inputs = self.provider.inputs(self.params, self.buffers, result, ids, r)
+        inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr)
         new_params = fed.aggregator.aggregate(inputs)
         data_weights = sample_weights(inputs.num_samples)
         weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights
