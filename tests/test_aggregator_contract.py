@@ -181,7 +181,12 @@ class InterruptAtRound2:
 @pytest.mark.parametrize("name", NAMES)
 def test_an_interrupted_run_resumes_bit_for_bit(tmp_path, name):
     base = ["rounds=3", "device=cpu", f"aggregator={name}", "clients_per_round=6", "client.momentum=0.9",
-            "client.keep_optimizer_state=true", "client.local_epochs=1"]
+            "client.local_epochs=1"]
+    try:  # kept momentum is client state a resume must restore, where the method allows it (FedNova does not)
+        make(name).check_clients(LocalSolver(0.9, False, 0.0, 0.0, keeps_momentum=True))
+        base.append("client.keep_optimizer_state=true")
+    except ValueError:
+        pass
     if name == "fedlaw":
         base.append("aggregator.server_epochs=10")  # its 100 server epochs a round add nothing to this check
     interrupting = [*base, f"logger._target_={__name__}.InterruptAtRound2"]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedagg.aggregators.feddyn import FedDynClient
+from fedagg.aggregators.scaffold import ScaffoldClient
 from fedagg.clients.batches import BatchPlan, num_steps
 from fedagg.clients.client import ClientData
 from fedagg.clients.objectives import FedProx
@@ -186,3 +187,22 @@ def test_budgets_cut_each_clients_plan_short_and_both_engines_agree():
     assert torch.equal(unbudgeted.params[1], outs[0].params[1])  # a budget above the full plan changes nothing
     assert not torch.equal(unbudgeted.params[0], outs[0].params[0])
 
+
+def test_scaffold_client_half_runs_alike_in_both_engines():
+    """SCAFFOLD's correction, variates and payloads, over two rounds (the second with the variates of the first)."""
+    model, data, clients = _setup(MLP, 1, 8, [7, 26, 13, 40], False)
+    start = get_params(model), get_buffers(model)
+    c = 0.05 * torch.randn(start[0].numel(), generator=torch.Generator().manual_seed(1))
+    trainers, rounds = [], []
+    for engine in (SequentialEngine(), ParallelEngine(chunk_size=3)):
+        half = ScaffoldClient()
+        half.c = c.clone()  # a server variate as after a few rounds: the correction is not zero
+        trainers.append(LocalSGD(lr=0.05, momentum=0.9, batch_size=6, local_epochs=2, objective=half))
+        rounds.append(_two_rounds(engine, model, start, data, clients, trainers[-1], 0.05))
+    for s, p in zip(*rounds):
+        for k in range(len(clients)):
+            assert _rel(p.params[k], s.params[k]) < TOL
+            assert _rel(p.payloads["delta_c"][k], s.payloads["delta_c"][k]) < TOL
+    ref, par = (t.objective.variates for t in trainers)
+    assert ref.keys() == par.keys() == {c.id for c in clients}
+    assert all(_rel(par[i], ref[i]) < TOL for i in ref)

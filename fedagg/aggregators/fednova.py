@@ -1,0 +1,64 @@
+"""FedNova (Wang et al. 2020, "Tackling the objective inconsistency problem"; SPEC "Drift correction").
+
+Clients that take more local steps move further, and plain averaging lets them pull the
+global model toward their own objective. FedNova divides each client's update by a_k,
+the weight its local solver gives its gradients over τ_k steps, and rescales the
+normalised average by the effective step count τ_eff = Σ_k p_k a_k (p = D):
+w ← w + τ_eff Σ_k p_k Δ_k / a_k. With plain SGD a_k = τ_k; with momentum ρ (fresh each
+round) a_k = [τ_k − ρ(1 − ρ^τ_k)/(1 − ρ)]/(1 − ρ); with a proximal term μ at local rate η,
+a_k = [1 − (1 − η μ)^τ_k]/(η μ). Weight decay is part of the local objective and leaves a_k
+alone (as in the authors' code). Equal τ_k with plain SGD is FedAvg exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.aggregators.inputs import Needs, RoundInputs
+from fedagg.clients.trainer import LocalSolver
+
+
+def normaliser(steps: Tensor, lr: float, solver: LocalSolver) -> Tensor:
+    """a_k [K] (float64) for clients that took `steps` [K] local steps at learning rate `lr`."""
+    tau = steps.double()
+    rho, mu = solver.momentum, solver.proximal_mu
+    if rho > 0:
+        return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
+    if mu > 0:
+        return (1 - (1 - lr * mu) ** tau) / (lr * mu)
+    return tau
+
+
+class FedNova(Aggregator):
+    """`conf/aggregator/fednova.yaml`: w + Σ_k q_k Δ_k with q_k = p_k τ_eff / a_k; reported weights q / Σ q."""
+
+    needs = Needs(local_steps=True)
+
+    def __init__(self) -> None:
+        super().__init__("samples")  # p = D (SPEC)
+
+    def check_clients(self, solver: LocalSolver) -> None:
+        def refuse(key: str, value, why: str) -> None:
+            raise ValueError(f"{key}={value!r} is not allowed with aggregator=fednova: {why}")
+
+        if solver.nesterov:
+            refuse("client.nesterov", True, "FedNova's a_k has no formula for Nesterov momentum; use client.nesterov=false")
+        if solver.momentum > 0 and solver.proximal_mu > 0:
+            refuse("client.momentum", solver.momentum, "a_k has a formula for momentum or for a proximal term, "
+                   "not both; use client.momentum=0 with the proximal objective")
+        if solver.momentum > 0 and solver.keeps_momentum:
+            refuse("client.keep_optimizer_state", True, "a_k with momentum assumes each round starts from a zero "
+                   "momentum buffer; use client.keep_optimizer_state=false")
+
+    def aggregate(self, inputs: RoundInputs) -> Tensor:
+        a = normaliser(inputs.need("local_steps"), inputs.need("local_lr"), inputs.need("local_solver"))
+        p = sample_weights(inputs.num_samples).to(a)
+        # τ_eff / a_k = Σ_j p_j (a_j / a_k) / Σ_j p_j: written so that equal a_k give a ratio of exactly 1
+        # (both sums then add the same numbers in the same order), which makes FedNova FedAvg to the bit
+        ratio = (p * (a / a[:, None])).sum(dim=1) / (p * torch.ones_like(a)[:, None]).sum(dim=1)
+        q = (p * ratio).to(inputs.client_params.dtype)  # [K] effective weights, summing to τ_eff Σ p_k / a_k
+        self.last_weights = q / q.sum()
+        self.report(tau_eff=float((p * a).sum() / p.sum()), step_scale=float(q.sum()))
+        return inputs.global_params + q @ (inputs.client_params - inputs.global_params)
