@@ -199,3 +199,16 @@ def test_an_interrupted_run_resumes_bit_for_bit(tmp_path, name):
         assert _rows(tmp_path / "stopped" / f) == _rows(reference / f), f
     a, b = torch.load(tmp_path / "stopped" / "model.pt"), torch.load(reference / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("system", ["stragglers", "dropout", "availability"])
+@pytest.mark.parametrize("name", NAMES)
+def test_composes_with_every_system(tmp_path, name, system):
+    overrides = ["rounds=2", "device=cpu", f"aggregator={name}", f"system={system}", "num_clients=6",
+                 "clients_per_round=4", "client.local_epochs=1"]
+    if name == "fedlaw":
+        overrides.append("aggregator.server_epochs=5")
+    summary = train(compose_config(*overrides), tmp_path)
+    assert summary["status"] == "completed"
+    rows = _rows(tmp_path / "weights.csv")
+    assert rows and all(int(r["local_steps"]) >= 1 for r in rows)

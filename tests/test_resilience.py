@@ -135,6 +135,10 @@ BAD_INPUT = [
     ("partition=n_class partition.classes_per_client=11", r"classes_per_client=11 is not allowed"),
     ("num_clients=5000", r"num_clients=5000 is not allowed"),
     ("dataset=cifar10 data.root=/nonexistent", r"cifar10 not found: no such folder in /nonexistent/cifar-10-batches-py"),
+    ("system=stragglers system.fraction=1.5", r"^system.fraction=1.5 is not allowed; it must be a number in \[0, 1\]$"),
+    ("system=dropout system.p=1", r"^system.p=1 is not allowed; it must be a number in \[0, 1\)$"),
+    ("system=dropout system.p=-0.2", r"^system.p=-0.2 is not allowed"),
+    ("system=availability system.b=0", r"^system.b=0 is not allowed; it must be a finite number > 0"),
 ]
 
 

@@ -24,6 +24,7 @@ from fedagg.engines.base import Engine
 from fedagg.loop.inputs import check_needs
 from fedagg.loop.settings import Settings
 from fedagg.loop.splits import build_model, hold_out_server_split, make_clients, shrink
+from fedagg.system.base import System
 from fedagg.tracking.base import Tracker
 
 DEFAULT_VAL_FRAC = 0.1
@@ -40,6 +41,7 @@ class Parts:
     client: LocalSGD
     engine: Engine
     logger: Tracker = field(default_factory=Tracker)
+    system: System = field(default_factory=System)  # who is online, reports, and how many steps each takes
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Federation:
     tracker: Tracker
     server_idx: Tensor  # training-pool samples the server holds out (never a client's)
     partition: dict = field(default_factory=dict)  # sizes and class counts, for partition.json
+    system: System = field(default_factory=System)
 
 
 def connect(parts: Parts) -> None:
@@ -96,4 +99,5 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     clients = make_clients([pool[p] for p in split], val_frac, settings.seed, device)
     server_idx = server_idx.to(device)
     check_needs(needs, clients, server_idx, val_frac, type(parts.aggregator).__name__)
-    return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats)
+    return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
+                      parts.system)

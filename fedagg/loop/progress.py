@@ -25,10 +25,11 @@ class RoundProgress:
         self.started, self.first, self.last_logged = time.perf_counter(), first, float("-inf")
         self.figures: dict[str, str] = {}
 
-    def update(self, r: int, test_acc: float | None, train_loss: float) -> None:
+    def update(self, r: int, test_acc: float | None, train_loss: float | None) -> None:
         if test_acc is not None:
             self.figures["acc"] = f"{test_acc:.4f}"
-        self.figures["loss"] = f"{train_loss:.4f}"
+        if train_loss is not None:  # None: no client reported this round
+            self.figures["loss"] = f"{train_loss:.4f}"
         if not self.bar.disable:
             self.bar.set_postfix(self.figures, refresh=False)
             self.bar.update(1)

@@ -72,13 +72,19 @@ class RoundLoop:
 
     # -- one round -----------------------------------------------------------------------
     def step(self, r: int) -> dict:
-        fed = self.fed
-        chosen = [fed.clients[i] for i in sample_clients(self.settings, r)]
+        fed, seed = self.fed, self.settings.seed
+        online = fed.system.online(seed, r, self.settings.num_clients)
+        ids = fed.system.reporting(seed, r, sample_clients(self.settings, r, online))
         lr = fed.trainer.lr_at(r, self.settings.rounds)
+        if not ids:
+            log.warning("round %d: no client reported; the global model is kept", r)
+            return {"round": r, "test_acc": None, "test_loss": None, "train_loss": None, "update_norm": 0.0,
+                    "lr": lr, "clients": 0}
+        chosen = [fed.clients[i] for i in ids]
+        budgets = fed.system.budgets(seed, r, ids, [fed.trainer.steps(c) for c in chosen])
         result = fed.engine.train_round(RoundJob(
-            fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=self.settings.seed,
-            round=r, val_indices=self.provider.val_indices(chosen)))
-        ids = [c.id for c in chosen]
+            fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=seed, round=r,
+            val_indices=self.provider.val_indices(chosen), budgets=budgets))
         inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr)
         new_params = fed.aggregator.aggregate(inputs)
         data_weights = sample_weights(inputs.num_samples)
@@ -86,8 +92,9 @@ class RoundLoop:
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
                **round_diagnostics(self.params, new_params, result.params, weights), "lr": lr, "clients": len(chosen),
                **{f"agg_{k}": v for k, v in fed.aggregator.take_diagnostics().items()}}
-        self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n)}
-                                for i, w, n in zip(ids, weights.tolist(), inputs.num_samples.tolist()))
+        self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t)}
+                                for i, w, n, t in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
+                                                      result.local_steps.tolist()))
         self.params = new_params
         self.buffers = combine_buffers(result.buffers, fed.aggregator.buffer_weights(inputs))
         return row
@@ -112,7 +119,8 @@ class RoundLoop:
                 for r in range(self.next_round, settings.rounds + 1):
                     row = self.step(r)
                     self.summary["rounds_completed"] = r
-                    diverged = not (math.isfinite(row["train_loss"]) and bool(torch.isfinite(self.params).all()))
+                    loss_ok = row["train_loss"] is None or math.isfinite(row["train_loss"])  # None: nobody trained
+                    diverged = not (loss_ok and bool(torch.isfinite(self.params).all()))
                     if not diverged and (r % settings.eval_every == 0 or r == settings.rounds):
                         self.evaluate(row)
                     progress.update(r, row["test_acc"], row["train_loss"])

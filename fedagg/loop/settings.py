@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from fedagg.data.seeding import generator
 
@@ -63,10 +64,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def sample_clients(settings: Settings, round: int) -> list[int]:
-    """Client ids taking part in `round`, ascending; all of them without partial participation."""
-    if settings.per_round == settings.num_clients:
-        return list(range(settings.num_clients))
+def sample_clients(settings: Settings, round: int, online: Tensor | None = None) -> list[int]:
+    """Client ids taking part in `round`, ascending: `clients_per_round` of the clients `online` [N] marks
+    (everyone when None), or all of them when no more are online."""
+    pool = torch.arange(settings.num_clients) if online is None else online.nonzero().view(-1)
+    if settings.per_round >= len(pool):
+        return pool.tolist()
     g = generator(settings.seed, "sampling", round)
-    chosen = torch.randperm(settings.num_clients, generator=g)[: settings.per_round]
-    return sorted(chosen.tolist())
+    return sorted(pool[torch.randperm(len(pool), generator=g)[: settings.per_round]].tolist())

@@ -1,0 +1,36 @@
+"""`system=availability` (SPEC "Heterogeneous clients"): client k is online each round with probability q_k.
+
+q_k ~ Beta(a, b) is drawn once per client from the stream (seed, "availability"); each
+round client k is online with probability q_k, from the stream (seed, "online", round),
+and sampling draws only among the clients online (all of them when fewer than
+`clients_per_round` are). Beta(2, 2) is a choice (SPEC names no values): availability 0.5
+on average, most clients between 0.2 and 0.8.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedagg.data.seeding import generator, stream_seed
+from fedagg.system.base import System
+
+
+def _positive(key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"system.{key}={value!r} is not allowed; it must be a finite number > 0 (a Beta parameter)")
+    return float(value)
+
+
+class Availability(System):
+    def __init__(self, a: float = 2.0, b: float = 2.0) -> None:
+        self.a, self.b = _positive("a", a), _positive("b", b)
+
+    def rates(self, seed: int, num_clients: int) -> Tensor:
+        """q_k for every client: the same in every round and for every aggregator of this seed."""
+        rng = np.random.default_rng(stream_seed(seed, "availability"))
+        return torch.from_numpy(rng.beta(self.a, self.b, num_clients)).float()
+
+    def online(self, seed: int, round: int, num_clients: int) -> Tensor:
+        return torch.rand(num_clients, generator=generator(seed, "online", round)) < self.rates(seed, num_clients)
