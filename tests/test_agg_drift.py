@@ -11,6 +11,7 @@ from conftest import compose_config
 from fedagg import RoundInputs
 from fedagg.aggregators.base import FedAvg
 from fedagg.aggregators.fedexp import FedExP
+from fedagg.aggregators.inputs import ClientSetup
 from fedagg.aggregators.fednova import FedNova, normaliser
 from fedagg.aggregators.scaffold import Scaffold, ScaffoldClient
 from fedagg.clients.objectives import LocalWork
@@ -164,11 +165,11 @@ def test_fednova_with_equal_steps_and_plain_sgd_is_fedavg_exactly():
 ])
 def test_fednova_refuses_solvers_without_a_formula(solver, key):
     with pytest.raises(ValueError, match=key):
-        FedNova().check_clients(solver)
+        FedNova().check_clients(ClientSetup(solver, 10, 10))
 
 
 def test_fednova_accepts_weight_decay_which_is_part_of_the_local_objective():
-    FedNova().check_clients(LocalSolver(0.9, False, 5e-4, 0.0, False))
+    FedNova().check_clients(ClientSetup(LocalSolver(0.9, False, 5e-4, 0.0, False), 10, 10))
 
 
 # ---------------------------------------------------------------- FedExP

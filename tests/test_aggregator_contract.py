@@ -22,6 +22,7 @@ from torch import nn
 
 from conftest import CONF, compose_config
 from fedagg import Aggregator, RoundInputs, ServerData
+from fedagg.aggregators.inputs import ClientSetup
 from fedagg.clients.objectives import LocalWork
 from fedagg.clients.trainer import LocalSolver
 from fedagg.models.flat import ParamLayout, get_params
@@ -183,7 +184,7 @@ def test_an_interrupted_run_resumes_bit_for_bit(tmp_path, name):
     base = ["rounds=3", "device=cpu", f"aggregator={name}", "clients_per_round=6", "client.momentum=0.9",
             "client.local_epochs=1"]
     try:  # kept momentum is client state a resume must restore, where the method allows it (FedNova does not)
-        make(name).check_clients(LocalSolver(0.9, False, 0.0, 0.0, keeps_momentum=True))
+        make(name).check_clients(ClientSetup(LocalSolver(0.9, False, 0.0, 0.0, keeps_momentum=True), 7, 6))
         base.append("client.keep_optimizer_state=true")
     except ValueError:
         pass

@@ -19,8 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.inputs import Needs, RoundInputs
-from fedagg.clients.trainer import LocalSolver
+from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
 
 WEIGHTINGS = ("samples", "uniform")
 
@@ -43,8 +42,8 @@ class Aggregator:
             raise ValueError(f"aggregator.weighting={weighting!r} is not allowed; choose one of {', '.join(WEIGHTINGS)}")
         self.weighting = weighting
 
-    def check_clients(self, solver: LocalSolver) -> None:
-        """Refuse, before any training, local training this method has no rule for (FedNova: Nesterov)."""
+    def check_clients(self, setup: ClientSetup) -> None:
+        """Refuse, before any training, clients this method has no rule for (FedNova: Nesterov; Krum: too few)."""
 
     def client_weights(self, inputs: RoundInputs) -> Tensor:
         """[K] non-negative weights summing to 1."""

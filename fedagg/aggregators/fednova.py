@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
-from fedagg.aggregators.inputs import Needs, RoundInputs
+from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
 from fedagg.clients.trainer import LocalSolver
 
 
@@ -39,7 +39,9 @@ class FedNova(Aggregator):
     def __init__(self) -> None:
         super().__init__("samples")  # p = D (SPEC)
 
-    def check_clients(self, solver: LocalSolver) -> None:
+    def check_clients(self, setup: ClientSetup) -> None:
+        solver = setup.solver
+
         def refuse(key: str, value, why: str) -> None:
             raise ValueError(f"{key}={value!r} is not allowed with aggregator=fednova: {why}")
 

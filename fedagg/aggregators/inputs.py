@@ -47,6 +47,15 @@ class Needs:
 
 
 @dataclass(frozen=True)
+class ClientSetup:
+    """What a method may check before training: how clients train and how many take part in a round."""
+
+    solver: LocalSolver
+    num_clients: int
+    clients_per_round: int  # the round's K when all sampled clients report
+
+
+@dataclass(frozen=True)
 class ServerData:
     """The server's own samples, and the global model to evaluate parameters on with `torch.func.functional_call`."""
 
@@ -67,6 +76,7 @@ class RoundInputs:
     round: int  # 1-based
     layout: ParamLayout  # where each parameter tensor ("layer") sits in P
     all_num_samples: Tensor  # [N] training samples of every client, by id
+    seed: int = 0  # the run's seed, for a method that draws from its own stream generator(seed, name, round)
     val_acc: Tensor | None = None  # [K] Needs.val_acc
     label_hist: Tensor | None = None  # [K, C] Needs.label_hist
     global_label_hist: Tensor | None = None  # [C] Needs.label_hist

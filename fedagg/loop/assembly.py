@@ -14,7 +14,7 @@ from typing import Callable
 from torch import Tensor, nn
 
 from fedagg.aggregators.base import Aggregator
-from fedagg.aggregators.inputs import Needs
+from fedagg.aggregators.inputs import ClientSetup, Needs
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
@@ -58,18 +58,16 @@ class Federation:
     system: System = field(default_factory=System)
 
 
-def connect(parts: Parts) -> None:
-    """Give local training the aggregator's client half and let the engine refuse what it cannot run.
-
-    Needs no data, so a bad combination is refused before anything is loaded.
-    """
+def connect(parts: Parts, settings: Settings) -> None:
+    """Give local training the aggregator's client half; let the aggregator and the engine refuse what they
+    cannot run. Needs no data, so a bad combination is refused before anything is loaded."""
     half, trainer = parts.aggregator.needs.client_half, parts.client
     if half is not None and trainer.objective is not half:
         if trainer.objective.adds_to_loss:
             raise ValueError(f"the aggregator brings its own client half ({type(half).__name__}); client objective "
                              f"{type(trainer.objective).__name__} cannot be added to it: use client/objective=none")
         trainer.objective = half
-    parts.aggregator.check_clients(trainer.solver())
+    parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
 
 
@@ -83,7 +81,7 @@ def effective_val_frac(val_frac: float | None, needs: Needs) -> float:
 def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device, experiment_scale: float = 1.0) -> Federation:
     """Load the data onto `device`, hold out the server's samples, partition the rest into clients
     (each with its validation split) and build the initial model, every step from its own stream."""
-    connect(parts)
+    connect(parts, settings)
     needs = parts.aggregator.needs
     bundle = parts.dataset(root=str(Path(data_root).expanduser()))
     server_idx, pool = hold_out_server_split(bundle.train_y.numel(), needs.server_samples, settings.seed)

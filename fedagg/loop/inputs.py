@@ -32,8 +32,9 @@ def check_needs(needs: Needs, clients: list[ClientData], server_idx: Tensor, val
 
 class InputsProvider:
     def __init__(self, needs: Needs, *, data, model: nn.Module, clients: list[ClientData], server_idx: Tensor,
-                 solver: LocalSolver) -> None:
+                 solver: LocalSolver, seed: int) -> None:
         self.needs, self.data, self.model, self.clients, self.solver = needs, data, model, clients, solver
+        self.seed = seed
         self.server_idx = server_idx
         self.layout = ParamLayout.of(model)
         self.all_num_samples = torch.tensor([c.num_samples for c in clients], device=data.device)
@@ -71,6 +72,7 @@ class InputsProvider:
             round=round,
             layout=self.layout,
             all_num_samples=self.all_num_samples,
+            seed=self.seed,
             val_acc=result.val_acc if needs.val_acc else None,
             label_hist=hist[ids] if hist is not None else None,
             global_label_hist=hist.sum(0) if hist is not None else None,

@@ -40,7 +40,7 @@ class RoundLoop:
         self.fed, self.settings, self.run_dir = fed, settings, Path(run_dir)
         self.device = fed.data.device
         self.provider = InputsProvider(fed.aggregator.needs, data=fed.data, model=fed.model, clients=fed.clients,
-                                       server_idx=fed.server_idx, solver=fed.trainer.solver())
+                                       server_idx=fed.server_idx, solver=fed.trainer.solver(), seed=settings.seed)
         self.params, self.buffers = get_params(fed.model), get_buffers(fed.model)
         self.metrics, self.weights_log = CSVLog(self.run_dir / "metrics.csv"), CSVLog(self.run_dir / "weights.csv")
         self.summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
