@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class ValidationPlan:
@@ -38,3 +38,15 @@ class ValidationPlan:
         """[K] float32 accuracy from the counts (0 for a client with nothing held out)."""
         n = self.lengths.to(device=correct.device, dtype=torch.float64)
         return torch.where(n > 0, correct.double() / n.clamp(min=1), 0.0).float()
+
+
+@torch.no_grad()
+def score_model(model: nn.Module, data, val_idx: Tensor, batch_size: int) -> Tensor:
+    """[1] accuracy of `model` as it stands on `val_idx`, in eval mode, in the batches a stack of one gets."""
+    plan = ValidationPlan([val_idx], batch_size)
+    correct = torch.zeros(1, dtype=torch.long, device=val_idx.device)
+    model.eval()
+    for idx, real in plan:
+        logits = model(data.prepare(data.train_x[idx.reshape(-1)]))
+        correct += plan.correct(logits.view(1, idx.shape[1], -1), data.train_y[idx], real)
+    return plan.accuracy(correct)

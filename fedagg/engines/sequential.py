@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from fedagg.clients.validation import ValidationPlan
+from fedagg.clients.validation import score_model
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params, unflatten
 
@@ -27,7 +27,7 @@ class SequentialEngine(Engine):
             params.append(get_params(job.model))
             buffers.append(get_buffers(job.model))
             if job.val_indices is not None:
-                accs.append(self._accuracy(job, job.val_indices[k]))
+                accs.append(score_model(job.model, job.data, job.val_indices[k], self.eval_batch_size))
         return RoundResult(
             params=torch.stack(params),
             buffers=torch.stack(buffers),
@@ -60,15 +60,3 @@ class SequentialEngine(Engine):
         trained = get_params(model)
         payload, = trainer.finish(plan, [client], trained.unsqueeze(0), job.global_params, sgd, model, job.lr)
         return trainer.mean_loss(loss_sum.unsqueeze(0), plan), payload
-
-    @torch.no_grad()
-    def _accuracy(self, job: RoundJob, val_idx) -> torch.Tensor:
-        """[1] accuracy of the model as trained on `val_idx`, in eval mode."""
-        data, model = job.data, job.model
-        plan = ValidationPlan([val_idx], self.eval_batch_size)
-        correct = torch.zeros(1, dtype=torch.long, device=job.global_params.device)
-        model.eval()
-        for idx, real in plan:
-            logits = model(data.prepare(data.train_x[idx.reshape(-1)]))
-            correct += plan.correct(logits.view(1, idx.shape[1], -1), data.train_y[idx], real)
-        return plan.accuracy(correct)
