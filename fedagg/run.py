@@ -33,7 +33,7 @@ from fedagg.loop.splits import scaled_rounds
 from fedagg.tracking.files import write_json
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system")
+GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack")
 RECORDED_CHOICES = (*GROUPS, "client/objective", "experiment")  # the group choices summary.json keeps
 log = logging.getLogger("fedagg")
 

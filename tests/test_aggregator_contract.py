@@ -202,14 +202,21 @@ def test_an_interrupted_run_resumes_bit_for_bit(tmp_path, name):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("system", ["stragglers", "dropout", "availability"])
+# each attack beside one of the systems, so that every aggregator meets every attack and every system
+ATTACKS_AND_SYSTEMS = [("label_flip", "stragglers"), ("sign_flip", "dropout"), ("gaussian", "availability"),
+                       ("alie", "stragglers"), ("ipm", "dropout")]
+
+
+@pytest.mark.parametrize("attack, system", ATTACKS_AND_SYSTEMS, ids=[f"{a}+{s}" for a, s in ATTACKS_AND_SYSTEMS])
 @pytest.mark.parametrize("name", NAMES)
-def test_composes_with_every_system(tmp_path, name, system):
-    overrides = ["rounds=2", "device=cpu", f"aggregator={name}", f"system={system}", "num_clients=6",
-                 "clients_per_round=4", "client.local_epochs=1"]
+def test_runs_under_every_attack_and_every_system(tmp_path, name, attack, system):
+    overrides = ["rounds=2", "device=cpu", f"aggregator={name}", f"attack={attack}", "attack.fraction=0.3",
+                 f"system={system}", "num_clients=7", "clients_per_round=6", "client.local_epochs=1"]
     if name == "fedlaw":
         overrides.append("aggregator.server_epochs=5")
     summary = train(compose_config(*overrides), tmp_path)
-    assert summary["status"] == "completed"
+    assert summary["status"] in ("completed", "diverged") and len(summary["corrupted_clients"]) == 2
     rows = _rows(tmp_path / "weights.csv")
-    assert rows and all(int(r["local_steps"]) >= 1 for r in rows)
+    assert all(int(r["local_steps"]) >= 1 for r in rows)
+    for r in {row["round"] for row in rows}:
+        assert sum(float(x["weight"]) for x in rows if x["round"] == r) == pytest.approx(1.0, abs=1e-5)

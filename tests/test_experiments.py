@@ -29,7 +29,7 @@ from omegaconf import OmegaConf, open_dict
 
 from conftest import CONF, ROOT
 
-GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system")
+GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack")
 # jobs of each whole table, seeds included: the grid of the paper's table x 3 seeds
 GRID = {
     "comparison_mnist": 4 * 2 * 3,

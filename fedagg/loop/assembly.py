@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
 from torch import Tensor, nn
 
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.inputs import ClientSetup, Needs
+from fedagg.attacks.base import Attack
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
@@ -42,6 +44,7 @@ class Parts:
     engine: Engine
     logger: Tracker = field(default_factory=Tracker)
     system: System = field(default_factory=System)  # who is online, reports, and how many steps each takes
+    attack: Attack = field(default_factory=Attack)  # which clients are corrupted, and how
 
 
 @dataclass
@@ -56,6 +59,8 @@ class Federation:
     server_idx: Tensor  # training-pool samples the server holds out (never a client's)
     partition: dict = field(default_factory=dict)  # sizes and class counts, for partition.json
     system: System = field(default_factory=System)
+    attack: Attack = field(default_factory=Attack)
+    corrupted: list[int] = field(default_factory=list)  # ids of the corrupted clients
 
 
 def connect(parts: Parts, settings: Settings) -> None:
@@ -97,5 +102,9 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     clients = make_clients([pool[p] for p in split], val_frac, settings.seed, device)
     server_idx = server_idx.to(device)
     check_needs(needs, clients, server_idx, val_frac, type(parts.aggregator).__name__)
+    corrupted = parts.attack.corrupted_clients(settings.seed, settings.num_clients)
+    if corrupted:  # a data attack changes the corrupted clients' labels once, for every engine
+        own = torch.cat([torch.cat([clients[i].train_idx, clients[i].val_idx]) for i in corrupted])
+        data.train_y = parts.attack.poison_labels(data.train_y, own, data.num_classes)
     return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
-                      parts.system)
+                      parts.system, parts.attack, corrupted)

@@ -15,7 +15,8 @@ from fedagg.aggregators.inputs import Needs, RoundInputs, ServerData
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSolver
 from fedagg.engines.base import RoundResult
-from fedagg.models.flat import ParamLayout, set_buffers
+from fedagg.clients.validation import score_model
+from fedagg.models.flat import ParamLayout, set_buffers, set_params
 
 
 def check_needs(needs: Needs, clients: list[ClientData], server_idx: Tensor, val_frac: float, name: str) -> None:
@@ -54,6 +55,17 @@ class InputsProvider:
         if self.needs.val_acc == "local":
             return [c.val_idx for c in chosen]
         return None
+
+    def rescore(self, result: RoundResult, rows: list[int], batch_size: int) -> None:
+        """Score again, on the server's split, the models of `rows` that changed after local training (a model
+        attack): what the server validates is what it received. Each client scored on its own split reports
+        the accuracy of the model it trained."""
+        if self.needs.val_acc != "server":
+            return
+        for k in rows:
+            set_params(self.model, result.params[k])
+            set_buffers(self.model, result.buffers[k])
+            result.val_acc[k] = score_model(self.model, self.data, self.server_idx, batch_size)[0]
 
     def _server(self, buffers: Tensor) -> ServerData:
         set_buffers(self.model, buffers)  # the global statistics, as named tensors

@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import sample_weights
-from fedagg.engines.base import RoundJob
+from fedagg.data.seeding import generator
+from fedagg.engines.base import RoundJob, RoundResult
 from fedagg.loop.assembly import Federation
 from fedagg.loop.checkpoints import rng_state, save_checkpoint, set_rng_state
 from fedagg.loop.diagnostics import round_diagnostics
@@ -48,6 +49,8 @@ class RoundLoop:
         self.next_round, self.elapsed_before = 1, 0.0
         self.summary["server_samples"] = int(fed.server_idx.numel())
         self.summary["uses_extra_data"] = fed.aggregator.needs.uses_extra_data
+        self.summary["corrupted_clients"] = fed.corrupted
+        self.corrupted = set(fed.corrupted)
 
     # -- checkpoints ---------------------------------------------------------------------
     def state(self, elapsed: float) -> dict:
@@ -85,6 +88,7 @@ class RoundLoop:
         result = fed.engine.train_round(RoundJob(
             fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=seed, round=r,
             val_indices=self.provider.val_indices(chosen), budgets=budgets))
+        self.attack(r, ids, result)
         inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr)
         new_params = fed.aggregator.aggregate(inputs)
         data_weights = sample_weights(inputs.num_samples)
@@ -98,6 +102,17 @@ class RoundLoop:
         self.params = new_params
         self.buffers = combine_buffers(result.buffers, fed.aggregator.buffer_weights(inputs))
         return row
+
+    def attack(self, r: int, ids: list[int], result: RoundResult) -> None:
+        """The corrupted participants' models are replaced by what the attack sends, before aggregation."""
+        rows = [k for k, i in enumerate(ids) if i in self.corrupted]
+        if not rows:
+            return
+        mask = torch.zeros(len(ids), dtype=torch.bool, device=result.params.device)
+        mask[rows] = True
+        g = generator(self.settings.seed, "attack", r)
+        result.params = self.fed.attack.corrupt(self.params, result.params, mask, g)
+        self.provider.rescore(result, rows, self.fed.engine.eval_batch_size)
 
     def evaluate(self, row: dict) -> None:
         set_params(self.fed.model, self.fed.aggregator.evaluated_params(self.params))

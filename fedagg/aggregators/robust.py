@@ -1,0 +1,76 @@
+"""What the robust rules share (SPEC "Robust aggregation"): bucketing, and weights for weights.csv.
+
+A robust rule `combine`s B client models [B, P] (with their sample counts), listed by
+ascending client id, into the new global model and says how much each of them counted.
+With `bucket_size: s > 1` (Karimireddy et al. 2022) the round's K models are first
+shuffled from the stream (seed, "bucketing", round) and averaged in groups of s, so the
+rule sees ⌈K/s⌉ bucket means; a client's reported weight is its bucket's weight shared
+equally among the bucket.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.inputs import RoundInputs
+from fedagg.data.seeding import generator
+
+
+def integer(key: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"aggregator.{key}={value!r} is not allowed; use an integer >= {low}")
+    return value
+
+
+def positive(key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"aggregator.{key}={value!r} is not allowed; use a finite number > 0")
+    return float(value)
+
+
+def buckets(k: int, size: int, g: torch.Generator, device) -> Tensor:
+    """[B, k] membership: row b averages the clients of bucket b (a shuffle cut into groups of `size`)."""
+    groups = torch.randperm(k, generator=g).split(size)
+    members = torch.zeros(len(groups), k, device=device)
+    for b, group in enumerate(groups):
+        members[b, group.to(device)] = 1.0 / len(group)
+    return members
+
+
+class RobustRule(Aggregator):
+    """Bucketing and weight reporting; a subclass implements `combine`."""
+
+    def __init__(self, bucket_size: int = 1) -> None:
+        super().__init__("uniform")
+        self.bucket_size = integer("bucket_size", bucket_size, 1)
+
+    def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
+        """(new global [P], the weight each of the B models counted with [B], summing to 1)."""
+        raise NotImplementedError
+
+    def aggregate(self, inputs: RoundInputs) -> Tensor:
+        # in ascending client id, so that ties (equal values, equal Krum scores) and buckets follow the ids,
+        # never the order the round happened to list its clients in
+        order = torch.argsort(inputs.client_ids.to(inputs.client_params.device))
+        models = inputs.client_params[order]
+        n = inputs.num_samples.to(device=models.device, dtype=models.dtype)[order]
+        if self.bucket_size == 1:
+            new, weights = self.combine(inputs, models, n)
+        else:
+            g = generator(inputs.seed, "bucketing", inputs.round)
+            members = buckets(inputs.num_clients, self.bucket_size, g, models.device).to(models.dtype)
+            new, bucket_weights = self.combine(inputs, members @ models, (members > 0).to(n) @ n)
+            weights = bucket_weights @ members  # a bucket's weight, shared by its members
+        self.last_weights = torch.empty_like(weights).index_copy_(0, order, weights)
+        return new
+
+
+def uniform(b: int, like: Tensor) -> Tensor:
+    return torch.full((b,), 1.0 / b, dtype=like.dtype, device=like.device)
+
+
+def assumed_corrupted(f: int | None, fraction: float, b: int) -> int:
+    """f of a round of b inputs: given, or ⌊fraction · b⌋ (the attack's fraction by default)."""
+    return f if f is not None else int(fraction * b)

@@ -1,0 +1,38 @@
+"""`attack=none`, and what every attack shares (SPEC "Corrupted clients").
+
+A fixed set of ⌊fraction · N⌋ client ids, drawn once from the stream (seed, "attack") and
+listed in summary.json, is corrupted whenever sampled. A data attack changes those
+clients' labels once, before training, so both engines train on them (and their own
+validation split and label histogram show them too). A model attack replaces the models
+those clients send, after local training and before aggregation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedagg.data.seeding import generator
+
+
+class Attack:
+    """No corrupted client."""
+
+    def __init__(self, fraction: float = 0.0) -> None:
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 0.5:
+            raise ValueError(f"attack.fraction={fraction!r} is not allowed; it must be in [0, 0.5): a majority of "
+                             "corrupted clients is beyond what any aggregation rule can be asked to survive")
+        self.fraction = float(fraction)
+
+    def corrupted_clients(self, seed: int, num_clients: int) -> list[int]:
+        """The corrupted ids, ascending: the same for every aggregator of this seed."""
+        count = int(self.fraction * num_clients)
+        return sorted(torch.randperm(num_clients, generator=generator(seed, "attack"))[:count].tolist())
+
+    def poison_labels(self, labels: Tensor, indices: Tensor, num_classes: int) -> Tensor:
+        """The training pool's labels with the corrupted clients' samples (`indices`) changed."""
+        return labels
+
+    def corrupt(self, global_params: Tensor, client_params: Tensor, corrupted: Tensor, g: torch.Generator) -> Tensor:
+        """The models the round's clients send [K, P]; `corrupted` [K] marks the attackers."""
+        return client_params
