@@ -59,6 +59,7 @@ class LocalSGD:
         gamma: float = 0.1,
         keep_optimizer_state: bool = False,
         val_frac: float | None = None,
+        test_frac: float | None = None,
         objective: Objective | None = None,
     ) -> None:
         _check(lr > 0, "lr", lr, "it must be > 0")
@@ -72,11 +73,12 @@ class LocalSGD:
         _check(all(0 < m < 1 for m in milestones), "milestones", list(milestones), "each must be a fraction of the rounds in (0, 1)")
         _check(0 < gamma <= 1, "gamma", gamma, "it must be in (0, 1]")
         _check(val_frac is None or 0 <= val_frac < 1, "val_frac", val_frac, "it must be in [0, 1), or null")
+        _check(test_frac is None or 0 <= test_frac < 1, "test_frac", test_frac, "it must be in [0, 1), or null")
         self.lr, self.momentum, self.nesterov, self.weight_decay = lr, momentum, nesterov, weight_decay
         self.local_epochs, self.batch_size = int(local_epochs), int(batch_size)
         self.schedule, self.decay, self.milestones, self.gamma = schedule, decay, tuple(sorted(milestones)), gamma
         self.keep_optimizer_state = keep_optimizer_state
-        self.val_frac = val_frac
+        self.val_frac, self.test_frac = val_frac, test_frac
         self.objective = objective if objective is not None else Objective()
         self.optimizer_states: dict[int, dict] = {}
 

@@ -29,7 +29,7 @@ from fedagg.loop.splits import build_model, hold_out_server_split, make_clients,
 from fedagg.system.base import System
 from fedagg.tracking.base import Tracker
 
-DEFAULT_VAL_FRAC = 0.1
+DEFAULT_VAL_FRAC, DEFAULT_TEST_FRAC = 0.1, 0.2
 
 
 @dataclass
@@ -76,6 +76,19 @@ def connect(parts: Parts, settings: Settings) -> None:
     parts.engine.check(trainer)
 
 
+def effective_test_frac(test_frac: float | None, per_client: bool) -> float:
+    """`client.test_frac: null` holds out 20% as each client's local test split only with eval.per_client."""
+    if test_frac is None:
+        return DEFAULT_TEST_FRAC if per_client else 0.0
+    if test_frac > 0 and not per_client:
+        raise ValueError(f"client.test_frac={test_frac} is not allowed with eval.per_client=false: the local test "
+                         "split would be taken from training and never scored; set eval.per_client=true")
+    if test_frac == 0 and per_client:
+        raise ValueError("client.test_frac=0.0 is not allowed with eval.per_client=true: it needs a local test split; "
+                         "leave client.test_frac null (0.2) or give a fraction in (0, 1)")
+    return test_frac
+
+
 def effective_val_frac(val_frac: float | None, needs: Needs) -> float:
     """`client.val_frac: null` holds out 10% only when the aggregator scores clients on their own data."""
     if val_frac is not None:
@@ -99,7 +112,8 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     model = build_model(parts.model, bundle, settings.seed, device)
     data = DeviceData(bundle, device, model.input_shape)
     val_frac = effective_val_frac(parts.client.val_frac, needs)
-    clients = make_clients([pool[p] for p in split], val_frac, settings.seed, device)
+    test_frac = effective_test_frac(parts.client.test_frac, settings.eval_per_client)
+    clients = make_clients([pool[p] for p in split], val_frac, settings.seed, device, test_frac)
     server_idx = server_idx.to(device)
     check_needs(needs, clients, server_idx, val_frac, type(parts.aggregator).__name__)
     corrupted = parts.attack.corrupted_clients(settings.seed, settings.num_clients)

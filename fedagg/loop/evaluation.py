@@ -1,4 +1,4 @@
-"""Accuracy and mean loss of a model over batches, without gradients."""
+"""Accuracy and mean loss of a model over batches, and its accuracy on every client's local test split."""
 
 from __future__ import annotations
 
@@ -24,3 +24,25 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> tupl
     if count == 0:
         return 0.0, float("nan")
     return float(correct) / count, float(loss_sum) / count
+
+
+@torch.no_grad()
+def per_client_accuracy(model: nn.Module, data, test_idx: list[Tensor], batch_size: int) -> Tensor:
+    """[N] accuracy of `model` on each client's local test split, in batches of `batch_size` across clients."""
+    idx = torch.cat(test_idx)
+    sizes = torch.tensor([t.numel() for t in test_idx], device=idx.device)
+    owner = torch.repeat_interleave(torch.arange(len(test_idx), device=idx.device), sizes)
+    correct = torch.zeros(len(test_idx), device=idx.device)
+    model.eval()
+    for start in range(0, idx.numel(), batch_size):
+        part = idx[start:start + batch_size]
+        right = model(data.prepare(data.train_x[part])).argmax(1) == data.train_y[part]
+        correct.index_add_(0, owner[start:start + batch_size], right.float())
+    return correct / sizes.clamp(min=1)
+
+
+def spread(acc: Tensor) -> dict[str, float]:
+    """What metrics.csv keeps of the per-client accuracies: mean, (population) std, 10th percentile, minimum."""
+    acc = acc.double()
+    return {"client_acc_mean": float(acc.mean()), "client_acc_std": float(acc.std(correction=0)),
+            "client_acc_p10": float(torch.quantile(acc, 0.1)), "client_acc_min": float(acc.min())}

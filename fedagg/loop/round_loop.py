@@ -21,7 +21,7 @@ from fedagg.engines.base import RoundJob, RoundResult
 from fedagg.loop.assembly import Federation
 from fedagg.loop.checkpoints import rng_state, save_checkpoint, set_rng_state
 from fedagg.loop.diagnostics import round_diagnostics
-from fedagg.loop.evaluation import evaluate
+from fedagg.loop.evaluation import evaluate, per_client_accuracy, spread
 from fedagg.loop.inputs import InputsProvider
 from fedagg.loop.interrupts import StopRequests
 from fedagg.loop.progress import RoundProgress
@@ -44,6 +44,7 @@ class RoundLoop:
                                        server_idx=fed.server_idx, solver=fed.trainer.solver(), seed=settings.seed)
         self.params, self.buffers = get_params(fed.model), get_buffers(fed.model)
         self.metrics, self.weights_log = CSVLog(self.run_dir / "metrics.csv"), CSVLog(self.run_dir / "weights.csv")
+        self.clients_log = CSVLog(self.run_dir / "clients.csv")  # per-client accuracy, with eval.per_client
         self.summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
                             rounds_completed=0, rounds_to_target=None, target_acc=settings.target_acc)
         self.next_round, self.elapsed_before = 1, 0.0
@@ -58,7 +59,7 @@ class RoundLoop:
             "round": self.summary["rounds_completed"], "params": self.params, "buffers": self.buffers,
             "aggregator": self.fed.aggregator.state_dict(), "trainer": self.fed.trainer.state_dict(),
             "rng": rng_state(), "summary": self.summary, "elapsed_s": elapsed,
-            "metrics": self.metrics.rows, "weights": self.weights_log.rows,
+            "metrics": self.metrics.rows, "weights": self.weights_log.rows, "clients": self.clients_log.rows,
         }
 
     def restore(self, ckpt: dict) -> None:
@@ -70,6 +71,7 @@ class RoundLoop:
                              ("final_test_acc", "best_test_acc", "rounds_completed", "rounds_to_target")})
         self.metrics.reset(ckpt["metrics"])  # rows written after the checkpoint are dropped
         self.weights_log.reset(ckpt["weights"])
+        self.clients_log.reset(ckpt.get("clients", []))
         self.next_round, self.elapsed_before = ckpt["round"] + 1, ckpt["elapsed_s"]
         log.info("resuming after round %d", ckpt["round"])
 
@@ -119,6 +121,12 @@ class RoundLoop:
         set_buffers(self.fed.model, self.buffers)
         acc, loss = evaluate(self.fed.model, self.fed.data.eval_batches(None, self.fed.engine.eval_batch_size))
         row.update(test_acc=acc, test_loss=loss)
+        if self.settings.eval_per_client:
+            tests = [c.test_idx for c in self.fed.clients]
+            accs = per_client_accuracy(self.fed.model, self.fed.data, tests, self.fed.engine.eval_batch_size)
+            row.update(spread(accs))
+            self.clients_log.extend({"round": row["round"], "client": c.id, "test_acc": a, "num_test": t.numel()}
+                                    for c, a, t in zip(self.fed.clients, accs.tolist(), tests))
         s = self.summary
         s["final_test_acc"], s["best_test_acc"] = acc, max(acc, s["best_test_acc"] or 0.0)
         if self.settings.target_acc is not None and s["rounds_to_target"] is None and acc >= self.settings.target_acc:

@@ -24,6 +24,7 @@ class Settings:
     target_acc: float | None = None
     stop_at_target: bool = False
     checkpoint_every: int = 10
+    eval_per_client: bool = False  # eval.per_client: score the global model on every client's local test split
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, value, allowed: str) -> None:
@@ -45,6 +46,7 @@ class Settings:
              self.checkpoint_every, "it must be an integer >= 0 (0: only at the end)")
         if self.target_acc is not None:
             need(0 < self.target_acc <= 1, "target_acc", self.target_acc, "it must be a fraction in (0, 1], or null")
+        need(isinstance(self.eval_per_client, bool), "eval.per_client", self.eval_per_client, "it must be true or false")
         need(isinstance(self.stop_at_target, bool), "stop_at_target", self.stop_at_target, "it must be true or false")
         need(not self.stop_at_target or self.target_acc is not None, "stop_at_target", self.stop_at_target,
              "it needs a target_acc to stop at (set target_acc=0.95, say, or stop_at_target=false)")

@@ -13,8 +13,10 @@ from fedagg.clients.client import ClientData
 from fedagg.data.seeding import generator, stream_seed
 
 
-def make_clients(parts: list[Tensor], val_frac: float, seed: int, device: torch.device) -> list[ClientData]:
-    """Index tensors per client, with an optional held-out validation split it never trains on."""
+def make_clients(parts: list[Tensor], val_frac: float, seed: int, device: torch.device,
+                 test_frac: float = 0.0) -> list[ClientData]:
+    """Index tensors per client, with an optional held-out validation split and an optional local test split
+    (each a share of the client's data, drawn from its own stream), neither of which it trains on."""
     clients = []
     for cid, idx in enumerate(parts):
         n_val = int(round(val_frac * idx.numel())) if val_frac > 0 else 0
@@ -26,7 +28,15 @@ def make_clients(parts: list[Tensor], val_frac: float, seed: int, device: torch.
                 )
         shuffled = idx[torch.randperm(idx.numel(), generator=generator(seed, "val_split", cid))]
         val, train = (shuffled[:n_val], shuffled[n_val:]) if n_val else (idx[:0], idx)
-        clients.append(ClientData(id=cid, train_idx=train.to(device), val_idx=val.to(device)))
+        test = idx[:0]
+        if test_frac > 0:
+            n_test = min(max(int(round(test_frac * idx.numel())), 1), train.numel() - 1)
+            if n_test < 1:
+                raise ValueError(f"client.test_frac={test_frac} leaves client {cid} ({idx.numel()} samples) "
+                                 "nothing to train on; use a smaller client.test_frac or fewer clients")
+            picked = torch.randperm(train.numel(), generator=generator(seed, "test_split", cid))
+            test, train = train[picked[:n_test]], train[picked[n_test:].sort().values]
+        clients.append(ClientData(id=cid, train_idx=train.to(device), val_idx=val.to(device), test_idx=test.to(device)))
     return clients
 
 
