@@ -11,10 +11,15 @@ line per cell with the same keys and a `paper` column). Runs of any other sweep 
 with `--rows`/`--columns` (and `--key name=path` where a key is not a group choice).
 
 Every cell shows the measured mean ± std over seeds, then the paper's value and the
-difference: `89.73 ± 0.12 (91.20, -1.47)`. A cell whose runs all diverged is `×`, as in
-the papers; a cell without runs, or a number the paper does not report, is `—`. The
-markdown goes to stdout and `table.md`; one CSV line per cell goes to `table.csv`, both
-in the sweep folder.
+difference: `89.73 ± 0.12 (91.20, -1.47)` (without published numbers, the measured value
+alone). A cell whose runs all diverged is `×`, as in the papers; a cell without runs, or a
+number the paper does not report, is `—`. The markdown goes to stdout and `table.md`; one
+CSV line per cell goes to `table.csv`, both in the sweep folder.
+
+`--baseline NAME` adds the paired statistics (scripts/stats.py): for every cell the mean
+difference to the row NAME over the seeds both have, with a 95% interval and `*` where it
+excludes 0; each row's average rank over the columns, the Friedman test, and with at
+least 3 rows and 3 columns a critical-difference diagram, `cd_diagram.png`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 GROUP_KEYS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine")
 DASH, CROSS = "—", "×"
 
@@ -172,13 +178,14 @@ def ordered(keys_seen: list[tuple], paper_keys: list[tuple]) -> list[tuple]:
     return order + sorted(k for k in dict.fromkeys(keys_seen) if k not in order)
 
 
-def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[list[str], list[dict], set]:
+def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[list[str], list[dict], set, dict]:
     rows_k, cols_k, keys = spec["rows"], spec["columns"], spec["keys"]
     cells: dict[tuple, list[dict]] = {}
     for run in runs:
         cell = tuple(key_text(lookup(run, keys[k])) for k in [*rows_k, *cols_k])
         cells.setdefault(cell, []).append(run)
     paper = {tuple(key_text(p.get(k)) for k in [*rows_k, *cols_k]): p for p in load_paper(spec)}
+    spec["has_paper"] = bool(paper)
     split = lambda cell: (cell[: len(rows_k)], cell[len(rows_k):])  # noqa: E731
     rows = ordered([split(c)[0] for c in cells], [split(c)[0] for c in paper])
     cols = ordered([split(c)[1] for c in cells], [split(c)[1] for c in paper])
@@ -192,7 +199,7 @@ def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[li
             p_value, p_text = paper_cell(paper.get(r + c), spec)
             diff = m["mean"] - p_value if m["mean"] is not None and p_value is not None else None
             inner = p_text + (f", {diff:+.{spec['decimals']}f}" if diff is not None else "")
-            grid[r + c] = f"{m['text']} ({inner})"
+            grid[r + c] = f"{m['text']} ({inner})" if paper else m["text"]
             records.append({**dict(zip([*rows_k, *cols_k], r + c)), **{k: m[k] for k in m if k != "text"},
                             "paper": p_value, "paper_text": p_text, "diff": diff, "measured_text": m["text"]})
     extra = {split(c)[0] for c, rs in cells.items() if any(x.get("uses_extra_data") for x in rs)}
@@ -206,7 +213,7 @@ def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[li
         if average:
             row_cells.append(average_cell([x for x in records if tuple(x[k] for k in rows_k) == r], spec))
         lines.append("| " + " | ".join([name, *row_cells]) + " |")
-    return lines, records, extra
+    return lines, records, extra, {"cells": cells, "rows": rows, "cols": cols}
 
 
 def average_cell(records: list[dict], spec: dict) -> str:
@@ -227,8 +234,9 @@ def notes(runs: list[dict], spec: dict, extra: set) -> list[str]:
                    "were shrunk for a quick check; these numbers are not comparable to the paper's.")
     seeds = sorted({str(r.get("seed")) for r in runs}, key=lambda x: (not x.isdigit(), int(x) if x.isdigit() else 0, x))
     what = spec["metric"] + (" (%)" if spec["percent"] else "")
-    out.append(f"Each cell: measured {what}, mean ± std over seeds ({', '.join(seeds)}), then (paper value, "
-               f"measured − paper). {CROSS}: every run diverged; {DASH}: not run or not reported.")
+    against = ", then (paper value, measured − paper)" if spec.get("has_paper") else ""
+    out.append(f"Each cell: measured {what}, mean ± std over seeds ({', '.join(seeds)}){against}. "
+               f"{CROSS}: every run diverged; {DASH}: not run or not reported.")
     if spec["metric"] == "rounds_to_target":
         targets = sorted({key_text(r.get("target_acc")) for r in runs})
         out.append(f"Rounds to reach the target accuracy ({', '.join(targets)}); N/A (x%): never reached, best accuracy x.")
@@ -251,17 +259,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", action="append", help="NAME=PATH: where a cell key is in summary.json")
     parser.add_argument("--measured-only", action="store_true",
                         help="show only the rows and columns that have runs (a partly run table)")
+    parser.add_argument("--baseline", help="a row (e.g. fedavg): paired differences to it, ranks, Friedman, CD diagram")
     args = parser.parse_args(argv)
     runs = load_runs(args.folder)
     if not runs:
         print(f"no summary.json below {args.folder}", file=sys.stderr)
         return 1
     spec = table_spec(runs, args)
-    lines, records, extra = build(runs, spec, measured_only=args.measured_only)
+    lines, records, extra, layout = build(runs, spec, measured_only=args.measured_only)
+    paired = []
+    if args.baseline:
+        from paired_table import paired_section  # it builds on this module's cells
+
+        try:
+            paired, per_cell = paired_section(layout, spec, args.baseline, args.folder)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
+        for record in records:
+            diff = per_cell.get(tuple(record[k] for k in [*spec["rows"], *spec["columns"]]))
+            record.update(diff_to_baseline=diff and diff.mean, ci_low=diff and diff.low, ci_high=diff and diff.high,
+                          n_pairs=diff and diff.n, interval=diff and diff.interval,
+                          excludes_zero=diff and diff.excludes_zero)
     title = f"### {spec.get('name', args.folder.name)}: {spec.get('caption', spec['metric'])}"
     source = [f"Paper: {spec['source']}"] if spec.get("source") else []
     shown = ["Only the rows and columns with runs are shown (--measured-only)."] if args.measured_only else []
-    text = "\n\n".join([title, *source, "\n".join(lines), *notes(runs, spec, extra), *shown]) + "\n"
+    text = "\n\n".join([title, *source, "\n".join(lines), *notes(runs, spec, extra), *shown]
+                       + (["\n".join(paired)] if paired else [])) + "\n"
     print(text, end="")
     (args.folder / "table.md").write_text(text)
     with open(args.folder / "table.csv", "w", newline="") as f:
