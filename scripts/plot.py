@@ -181,8 +181,9 @@ def plot_weights(runs: list[dict], out: Path, limit: int) -> Path:
     return path
 
 
-def log_to_wandb(runs: list[dict], images: list[Path], out: Path, mode: str | None) -> None:
-    """Log the PNGs to a new W&B run of the runs' project when they used W&B; never fail the plots."""
+def log_to_wandb(runs: list[dict], out: Path, mode: str | None, job: str, payload) -> None:
+    """Log `payload(wandb)` (a dict of W&B objects) to a new W&B run of the runs' project when they used W&B;
+    never fail the files already written."""
     loggers = [lookup(r["summary"], "config.logger") or {} for r in runs]
     used = [lg for lg in loggers if str(lg.get("_target_", "")).endswith("WandbTracker")]
     if not used or mode == "disabled":
@@ -194,12 +195,13 @@ def log_to_wandb(runs: list[dict], images: list[Path], out: Path, mode: str | No
         os.environ.setdefault("WANDB_SILENT", "true")
         run = wandb.init(project=settings.get("project") or "fedagg", entity=settings.get("entity"),
                          mode=mode or settings.get("mode") or "offline", group=settings.get("group"),
-                         job_type="plots", name=f"plots-{out.name}", dir=str(out),
+                         job_type=job, name=f"{job}-{out.name}", dir=str(out),
                          config={"runs": [str(r["dir"]) for r in runs]})
-        run.log({p.stem: wandb.Image(str(p)) for p in images})
+        items = payload(wandb)
+        run.log(items)
         run.finish()
-        print(f"logged {len(images)} plots to W&B ({mode or settings.get('mode') or 'offline'})")
-    except Exception as err:  # noqa: BLE001 - the PNGs are written; W&B is a bonus
+        print(f"logged {len(items)} {job} item(s) to W&B ({mode or settings.get('mode') or 'offline'})")
+    except Exception as err:  # noqa: BLE001 - the files are written; W&B is a bonus
         warnings.warn(f"W&B logging skipped: {err}", stacklevel=2)
 
 
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for path in images:
         print(path)
-    log_to_wandb(runs, images, out, args.wandb_mode)
+    log_to_wandb(runs, out, args.wandb_mode, "plots", lambda wandb: {p.stem: wandb.Image(str(p)) for p in images})
     return 0
 
 

@@ -1,0 +1,63 @@
+"""scripts/report.py on a real two-method, two-seed sweep: the HTML holds the table values and an image per section."""
+
+import csv
+import sys
+from html.parser import HTMLParser
+
+from conftest import ROOT, compose_config
+from fedagg.run import train
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import report  # noqa: E402
+
+
+class Sections(HTMLParser):
+    """The report's sections: heading, image count, text."""
+
+    def __init__(self):
+        super().__init__()
+        self.sections, self.in_heading = [], False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "h2":
+            self.sections.append({"title": "", "images": 0, "text": ""})
+            self.in_heading = True
+        elif tag == "img" and self.sections:
+            self.sections[-1]["images"] += 1
+            assert attrs["src"].startswith("data:image/png;base64,")  # embedded: no file, no network
+
+    def handle_endtag(self, tag):
+        if tag == "h2":
+            self.in_heading = False
+
+    def handle_data(self, data):
+        if self.sections:
+            self.sections[-1]["title" if self.in_heading else "text"] += data
+
+
+def test_report_of_a_two_method_two_seed_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    for i, (agg, seed) in enumerate([("fedavg", 0), ("fedavg", 1), ("ida", 0), ("ida", 1)]):
+        train(compose_config("rounds=3", "device=cpu", "eval.per_client=true", f"aggregator={agg}", f"seed={seed}"),
+              sweep / str(i), choices={"aggregator": agg, "dataset": "digits"})
+    assert report.main([str(sweep), "--wandb-mode", "disabled"]) == 0
+    page = (sweep / "report.html").read_text()
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    parser = Sections()
+    parser.feed(page)
+    by_title = {s["title"]: s for s in parser.sections}
+    assert list(by_title) == ["What was run", "Table", "Test accuracy per round", "Per-client accuracy",
+                              "Aggregation weights", "Partition", "Paired statistics against fedavg"]
+    for title in ("Test accuracy per round", "Per-client accuracy", "Aggregation weights", "Partition"):
+        assert by_title[title]["images"] == 1, title
+    assert by_title["Paired statistics against fedavg"]["images"] >= 1
+    assert "choices.aggregator" in by_title["What was run"]["text"] and "seed" in by_title["What was run"]["text"]
+    # the table's values are make_table's, computed from the same runs
+    import make_table
+
+    make_table.main([str(sweep)])
+    cells = list(csv.DictReader(open(sweep / "table.csv")))
+    for cell in cells:
+        assert cell["measured_text"] in by_title["Table"]["text"]
+    assert "Paired difference to fedavg" in by_title["Paired statistics against fedavg"]["text"]
