@@ -31,6 +31,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_table import key_text, label, lookup, number  # noqa: E402
@@ -133,6 +134,7 @@ def plot_curves(groups: dict, out: Path, name: str, columns: list[tuple[str, str
                     ax.fill_between(rounds, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                                     color=color, alpha=0.15, linewidth=0)
         ax.set_title(panel or out.name, fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -169,6 +171,7 @@ def plot_weights(runs: list[dict], out: Path, limit: int) -> Path:
             ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=0.9, alpha=0.8, label=f"client {client}")
         panel, line = describe(run)
         ax.set_title(" · ".join(t for t in (line, panel, f"seed {run['summary'].get('seed')}") if t), fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("round")
         ax.set_ylabel("aggregation weight")
         ax.grid(alpha=0.3)

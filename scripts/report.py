@@ -208,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wandb-mode", choices=("online", "offline", "disabled"),
                         help="override the runs' W&B mode for the report run (disabled: no W&B)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / args.folder.resolve().name  # plot titles a panel without a name after its folder
+        work.mkdir()
         try:
-            page, runs = build_report(args.folder, args.baseline, Path(work))
+            page, runs = build_report(args.folder, args.baseline, work)
         except ValueError as err:
             print(err, file=sys.stderr)
             return 2
