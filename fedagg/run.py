@@ -127,7 +127,10 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
             torch.backends.cudnn.benchmark = False
-        fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale)
+        if not isinstance(cfg.data.download, bool):
+            raise ValueError(f"data.download={cfg.data.download!r} is not allowed; it must be true or false")
+        fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale,
+                       download=cfg.data.download)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         save_partition_report(fed.partition, run_dir)

@@ -217,7 +217,7 @@ def run_workload(w: Workload, args, device: torch.device, peak_flops: float) -> 
         "parallel": ParallelEngine(chunk_size=args.chunk_size, precision=args.precision,
                                    channels_last=args.channels_last, compile=args.compile),
     }
-    fed = assemble(Parts(dataset=lambda root: bundle, partition=split, model=factory, aggregator=FedAvg(),
+    fed = assemble(Parts(dataset=lambda root, download: bundle, partition=split, model=factory, aggregator=FedAvg(),
                          client=LocalSGD(**trainer_kw), engine=engines["sequential"]), settings,
                    data_root=args.data_root, device=device)
     model, data, clients = fed.model, fed.data, fed.clients

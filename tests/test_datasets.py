@@ -199,7 +199,7 @@ def test_missing_dataset_says_where_and_what(tmp_path, name, folder, expected):
         load(name, tmp_path)
     message = str(err.value)
     assert str((tmp_path / folder).resolve()) in message and expected in message
-    assert "never downloads" in message
+    assert "to provide" in message
     assert isinstance(err.value, FileNotFoundError)
 
 

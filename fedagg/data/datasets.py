@@ -1,9 +1,10 @@
 """Datasets as whole uint8 tensors, one loader per `conf/dataset/*.yaml`.
 
 Each loader reads one on-disk format under `root` and returns a `DatasetBundle` that the
-run moves to the device once (DESIGN principle 6). fedagg never downloads: runs must
-behave the same offline, so a missing dataset is a `DatasetNotFoundError` that says where
-it looked and how to put the files there.
+run moves to the device once (DESIGN principle 6). A missing dataset with a public source
+is downloaded first when `download` is on (fedagg.data.download); otherwise, or for
+ImageNet, it is a `DatasetNotFoundError` that says where it looked and how to put the
+files there.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import Tensor
 from torchvision import datasets as tv
 from torchvision.datasets.utils import extract_archive
 
+from fedagg.data.download import fetch
 from fedagg.data.image_folders import list_class_folder, load_or_decode, read_annotated_folder
 
 
@@ -73,14 +75,19 @@ def _not_found(name: str, folder: Path, expected: Sequence[str], how: str, probl
     return DatasetNotFoundError(
         f"{name} not found: {problem} in {folder}\n"
         f"  expected there: {', '.join(expected)}\n"
-        f"  fedagg never downloads datasets. To provide {name}: {how}"
+        f"  to provide {name}: {how}"
     )
 
 
-def _require(name: str, folder: Path, expected: Sequence[str], how: str, check: Sequence[str] | None = None) -> None:
-    missing = [rel for rel in (expected if check is None else check) if not (folder / rel).exists()]
-    if missing:
-        raise _not_found(name, folder, expected, how, missing)
+def _require(name: str, folder: Path, expected: Sequence[str], how: str, check: Sequence[str] | None = None,
+             download: bool = False) -> None:
+    """Raise when any of `check` (default: `expected`) is missing under `folder`, after downloading it if asked."""
+    entries = expected if check is None else check
+    missing = lambda: [rel for rel in entries if not (folder / rel).exists()]  # noqa: E731
+    if download and missing():
+        fetch(name, folder.parent, how, lambda: not missing())
+    if missing():
+        raise _not_found(name, folder, expected, how, missing())
 
 
 def _torchvision_how(cls: type, folder: Path) -> str:
@@ -102,14 +109,15 @@ def _labels(values) -> Tensor:
 # --- scikit-learn digits ----------------------------------------------------------------
 
 
-def digits(root: str | None = None, *, mean: Sequence[float], std: Sequence[float], augment: bool = False) -> DatasetBundle:
+def digits(root: str | None = None, *, mean: Sequence[float], std: Sequence[float], augment: bool = False,
+           download: bool = False) -> DatasetBundle:
     """scikit-learn's bundled 1x8x8 digits (1,797 images); `root` is ignored.
 
     The pixel values 0..16 become round(v * 255 / 16) so every dataset shares the uint8
     pipeline; the split is fixed (stratified 80/20, random_state 0) so results compare
     across runs and machines.
     """
-    del root
+    del root, download  # bundled with scikit-learn
     # Imported here: scikit-learn's datasets module alone takes about 1.5 s to import.
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -143,7 +151,7 @@ def _writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
 
 
-def _idx_root(cls: type, name: str, root: Path) -> Path:
+def _idx_root(cls: type, name: str, root: Path, download: bool) -> Path:
     """A folder X with X/<cls>/raw/<extracted IDX files>, as torchvision's reader requires.
 
     Copies often ship only the .gz files (torchvision extracts them on download); these
@@ -152,9 +160,12 @@ def _idx_root(cls: type, name: str, root: Path) -> Path:
     raw = root / cls.__name__ / "raw"
     names = [os.path.splitext(os.path.basename(url))[0] for url, _ in cls.resources]
     expected = [f"{n} (or {n}.gz)" for n in names]
-    missing = [n for n in names if not (raw / n).is_file() and not (raw / f"{n}.gz").is_file()]
-    if missing:
-        raise _not_found(name, raw, expected, _torchvision_how(cls, root / cls.__name__), missing)
+    missing = lambda: [n for n in names if not (raw / n).is_file() and not (raw / f"{n}.gz").is_file()]  # noqa: E731
+    how = _torchvision_how(cls, root / cls.__name__)
+    if download and missing():
+        fetch(name, root, how, lambda: not missing())
+    if missing():
+        raise _not_found(name, raw, expected, how, missing())
     if all(_extracted(raw / n, raw / f"{n}.gz") for n in names):
         return root
 
@@ -178,8 +189,8 @@ def _idx_root(cls: type, name: str, root: Path) -> Path:
     return target.parent.parent
 
 
-def _idx_dataset(cls: type, name: str, root: str, mean, std, augment: bool) -> DatasetBundle:
-    base = str(_idx_root(cls, name, Path(root).expanduser().resolve()))
+def _idx_dataset(cls: type, name: str, root: str, mean, std, augment: bool, download: bool) -> DatasetBundle:
+    base = str(_idx_root(cls, name, Path(root).expanduser().resolve(), download))
     train, test = cls(base, train=True, download=False), cls(base, train=False, download=False)
     return DatasetBundle(
         name, train.data.unsqueeze(1).contiguous(), train.targets.long(), test.data.unsqueeze(1).contiguous(),
@@ -187,14 +198,16 @@ def _idx_dataset(cls: type, name: str, root: str, mean, std, augment: bool) -> D
     )
 
 
-def mnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False) -> DatasetBundle:
+def mnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False,
+          download: bool = False) -> DatasetBundle:
     """MNIST 1x28x28 from `root/MNIST/raw/` (torchvision's layout, plain or .gz IDX files)."""
-    return _idx_dataset(tv.MNIST, "mnist", root, mean, std, augment)
+    return _idx_dataset(tv.MNIST, "mnist", root, mean, std, augment, download)
 
 
-def fmnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False) -> DatasetBundle:
+def fmnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False,
+           download: bool = False) -> DatasetBundle:
     """Fashion-MNIST 1x28x28 from `root/FashionMNIST/raw/` (plain or .gz IDX files)."""
-    return _idx_dataset(tv.FashionMNIST, "fmnist", root, mean, std, augment)
+    return _idx_dataset(tv.FashionMNIST, "fmnist", root, mean, std, augment, download)
 
 
 # --- CIFAR (pickled batches) --------------------------------------------------------------
@@ -210,11 +223,11 @@ def _without_md5(cls: type) -> type:
     })
 
 
-def _cifar(cls: type, name: str, root: str, mean, std, augment: bool, verify_md5: bool) -> DatasetBundle:
+def _cifar(cls: type, name: str, root: str, mean, std, augment: bool, verify_md5: bool, download: bool) -> DatasetBundle:
     root_path = Path(root).expanduser().resolve()
     folder = root_path / cls.base_folder
     expected = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
-    _require(name, folder, expected, _torchvision_how(cls, folder))
+    _require(name, folder, expected, _torchvision_how(cls, folder), download=download)
     try:
         # torchvision's md5 check covers every batch and the meta file in one pass.
         train = (cls if verify_md5 else _without_md5(cls))(str(root_path), train=True, download=False)
@@ -231,15 +244,15 @@ def _cifar(cls: type, name: str, root: str, mean, std, augment: bool, verify_md5
 
 
 def cifar10(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
-            verify_md5: bool = True) -> DatasetBundle:
+            verify_md5: bool = True, download: bool = False) -> DatasetBundle:
     """CIFAR-10 3x32x32 from `root/cifar-10-batches-py/` (the python-pickle release)."""
-    return _cifar(tv.CIFAR10, "cifar10", root, mean, std, augment, verify_md5)
+    return _cifar(tv.CIFAR10, "cifar10", root, mean, std, augment, verify_md5, download)
 
 
 def cifar100(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
-             verify_md5: bool = True) -> DatasetBundle:
+             verify_md5: bool = True, download: bool = False) -> DatasetBundle:
     """CIFAR-100 3x32x32, the 100 fine labels, from `root/cifar-100-python/`."""
-    return _cifar(tv.CIFAR100, "cifar100", root, mean, std, augment, verify_md5)
+    return _cifar(tv.CIFAR100, "cifar100", root, mean, std, augment, verify_md5, download)
 
 
 # --- JPEG folders ---------------------------------------------------------------------------
@@ -252,7 +265,7 @@ def _folder_bundle(name, folder, splits, num_classes, image_size, mean, std, aug
 
 
 def tinyimagenet(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
-                 image_size: int = 64) -> DatasetBundle:
+                 image_size: int = 64, download: bool = False) -> DatasetBundle:
     """Tiny-ImageNet (200 classes, 64x64) from `root/tiny-imagenet-200/`, its official layout.
 
     The labelled val split serves as the test set (the official test split has no labels);
@@ -264,7 +277,8 @@ def tinyimagenet(root: str, *, mean: Sequence[float], std: Sequence[float], augm
         "download http://cs231n.stanford.edu/tiny-imagenet-200.zip on a machine with network and unzip it "
         f"into {folder.parent} (or set data.root to the folder that holds tiny-imagenet-200/)"
     )
-    _require("tinyimagenet", folder, expected, how, check=["wnids.txt", "train", "val/images", "val/val_annotations.txt"])
+    _require("tinyimagenet", folder, expected, how, check=["wnids.txt", "train", "val/images", "val/val_annotations.txt"],
+             download=download)
     wnids = sorted({line.strip() for line in (folder / "wnids.txt").read_text().splitlines() if line.strip()})
     index = {wnid: i for i, wnid in enumerate(wnids)}
     train = list_class_folder(folder / "train", wnids, "images")
@@ -275,8 +289,9 @@ def tinyimagenet(root: str, *, mean: Sequence[float], std: Sequence[float], augm
 
 
 def imagenet(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
-             image_size: int = 64) -> DatasetBundle:
-    """ImageNet from `root/imagenet/{train,val}/<wnid>/*.JPEG` (ImageFolder layout).
+             image_size: int = 64, download: bool = False) -> DatasetBundle:
+    """ImageNet from `root/imagenet/{train,val}/<wnid>/*.JPEG` (ImageFolder layout); never downloaded, whatever
+    `download` says: its licence asks every user to register.
 
     Every image is resized (shorter side) and centre-cropped to `image_size`, 64 by default
     because the whole training set must fit in memory as uint8 (1.28M x 3 x 64 x 64 = 16 GB).
@@ -284,7 +299,8 @@ def imagenet(root: str, *, mean: Sequence[float], std: Sequence[float], augment:
     folder = Path(root).expanduser().resolve() / "imagenet"
     expected = ["train/<wnid>/*.JPEG", "val/<wnid>/*.JPEG"]
     how = (
-        "obtain ILSVRC-2012 from https://image-net.org (registration required), extract the training "
+        "ImageNet is never downloaded (its licence requires registration): obtain ILSVRC-2012 from "
+        "https://image-net.org, extract the training "
         "archives into train/<wnid>/ and sort the validation images into val/<wnid>/ (e.g. with the "
         f"widely used valprep.sh), under {folder}"
     )

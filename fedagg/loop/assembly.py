@@ -36,7 +36,7 @@ DEFAULT_VAL_FRAC, DEFAULT_TEST_FRAC = 0.1, 0.2
 class Parts:
     """The instantiated config groups of one run."""
 
-    dataset: Callable[..., object]  # dataset(root=...) -> DatasetBundle
+    dataset: Callable[..., object]  # dataset(root=..., download=...) -> DatasetBundle
     partition: Callable[..., list[Tensor]]  # partition(labels, num_clients, generator=...) -> index tensors
     model: Callable[..., nn.Module]  # model(num_classes=, in_channels=, image_size=)
     aggregator: Aggregator
@@ -96,12 +96,13 @@ def effective_val_frac(val_frac: float | None, needs: Needs) -> float:
     return DEFAULT_VAL_FRAC if needs.val_acc == "local" else 0.0
 
 
-def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device, experiment_scale: float = 1.0) -> Federation:
+def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device, experiment_scale: float = 1.0,
+             download: bool = False) -> Federation:
     """Load the data onto `device`, hold out the server's samples, partition the rest into clients
     (each with its validation split) and build the initial model, every step from its own stream."""
     connect(parts, settings)
     needs = parts.aggregator.needs
-    bundle = parts.dataset(root=str(Path(data_root).expanduser()))
+    bundle = parts.dataset(root=str(Path(data_root).expanduser()), download=download)
     server_idx, pool = hold_out_server_split(bundle.train_y.numel(), needs.server_samples, settings.seed)
     pool_labels = bundle.train_y[pool]
     split = parts.partition(pool_labels, settings.num_clients, generator=generator(settings.seed, "partition"))

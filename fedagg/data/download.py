@@ -1,0 +1,129 @@
+"""Datasets with a public source are downloaded on first use (`data.download`, true by default).
+
+A download goes into a scratch folder beside the dataset, is checked against its MD5,
+extracted there, and only then renamed into place, so an interrupted, refused or failed
+download leaves nothing half-written. Runs that need the same dataset at once (the jobs of
+a sweep) take a lock per dataset and folder, kept in the cache rather than the data folder,
+and the second finds the files the first put there. The official URLs and checksums are
+torchvision's for MNIST, Fashion-MNIST and CIFAR, and the archive's own for Tiny-ImageNet.
+ImageNet is never downloaded (its licence needs a registration).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tqdm.auto import tqdm
+
+TIMEOUT_S = 30  # per connection attempt and read: an unreachable host fails fast instead of hanging
+CHUNK = 1 << 20
+
+
+class DownloadError(FileNotFoundError):
+    """A missing dataset that could not be downloaded; the message names the dataset, URL, folder and remedy."""
+
+
+@dataclass(frozen=True)
+class Source:
+    files: tuple[tuple[str, str], ...]  # (url, md5) of every file to fetch
+    target: str  # what the download creates under data.root
+    archive: bool  # extract the files (their content includes `target`) rather than place them in `target`
+
+
+def _torchvision(name: str) -> Source:
+    from torchvision import datasets as tv
+
+    if name in ("mnist", "fmnist"):
+        cls = tv.MNIST if name == "mnist" else tv.FashionMNIST
+        return Source(tuple((cls.mirrors[0] + f, md5) for f, md5 in cls.resources), f"{cls.__name__}/raw", False)
+    cls = tv.CIFAR10 if name == "cifar10" else tv.CIFAR100
+    return Source(((cls.url, cls.tgz_md5),), cls.base_folder, True)
+
+
+TINY_IMAGENET = Source((("http://cs231n.stanford.edu/tiny-imagenet-200.zip", "90528d7ca1a48142e341f4ef8d21d0de"),),
+                       "tiny-imagenet-200", True)
+SOURCES: dict[str, Source] = {}  # filled on first use (torchvision's class attributes); tests replace entries
+
+
+def source(name: str) -> Source:
+    if name not in SOURCES:
+        SOURCES[name] = TINY_IMAGENET if name == "tinyimagenet" else _torchvision(name)
+    return SOURCES[name]
+
+
+@contextmanager
+def _lock(name: str, root: Path):
+    from fedagg.data.datasets import cache_dir
+
+    key = hashlib.sha1(f"{name}:{root}".encode()).hexdigest()[:16]
+    path = cache_dir() / "locks" / f"download-{name}-{key}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, also if the process dies
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fetch_file(url: str, md5: str, into: Path) -> Path:
+    """Stream `url` into the folder `into` with a progress bar, checking the MD5 on the way."""
+    path = into / url.rsplit("/", 1)[-1]
+    digest = hashlib.md5()
+    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response, open(path, "wb") as out:
+        total = int(response.headers.get("Content-Length") or 0) or None
+        with tqdm(total=total, unit="B", unit_scale=True, desc=path.name, file=sys.stderr,
+                  disable=not sys.stderr.isatty()) as bar:
+            while chunk := response.read(CHUNK):
+                out.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
+        if total is not None and out.tell() != total:
+            raise DownloadError(f"the connection closed after {out.tell()} of {total} bytes")
+    if digest.hexdigest() != md5:
+        raise DownloadError(f"its MD5 is {digest.hexdigest()}, not the expected {md5}")
+    return path
+
+
+def fetch(name: str, root: Path, how: str, present: Callable[[], bool]) -> None:
+    """Download dataset `name` into `root` unless `present()` says it is there (checked again under the
+    lock: another run may have just fetched it). Raises DownloadError, in one line."""
+    from torchvision.datasets.utils import extract_archive
+
+    src = source(name)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / src.target
+    with _lock(name, root):
+        if present():
+            return
+        scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-download-"))
+        url = src.files[0][0]
+        try:
+            for url, md5 in src.files:
+                path = _fetch_file(url, md5, scratch)
+                if src.archive:
+                    extract_archive(str(path), str(scratch / "extracted"))
+            if src.archive:
+                os.replace(scratch / "extracted" / src.target, target)  # a leftover target must be moved first
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                for url, _ in src.files:
+                    file = url.rsplit("/", 1)[-1]
+                    os.replace(scratch / file, target / file)
+        except (OSError, urllib.error.URLError, DownloadError, RuntimeError) as err:
+            reason = getattr(err, "reason", None) or err
+            raise DownloadError(f"{name}: could not download {url} into {root} ({reason}); to provide it by hand, "
+                                f"{how}, or set data.download=false to be told what is missing") from err
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
