@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import traceback
+from collections import Counter
 from pathlib import Path
 
 import hydra
@@ -20,6 +21,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -27,7 +29,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from fedagg.data.partition_report import save_partition_report
 from fedagg.loop.assembly import Parts, assemble
 from fedagg.loop.checkpoints import load_checkpoint
+from fedagg.loop.folder import RunFolder
 from fedagg.loop.round_loop import run_federation
+from fedagg.loop.schema import check_config
 from fedagg.loop.settings import Settings, resolve_device
 from fedagg.loop.splits import scaled_rounds
 from fedagg.tracking.files import write_json
@@ -103,23 +107,41 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> dict:
-    """Run (or resume) one experiment described by a composed config; write its files to run_dir."""
+def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, overrides: list[str] | None = None) -> dict:
+    """Run (or resume) one experiment described by a composed config; write its files to run_dir, which no
+    other run may use meanwhile."""
     run_dir = Path(run_dir)
+    try:
+        folder = RunFolder(run_dir).acquire()
+    except ValueError as err:
+        raise SetupError(str(err)) from None
+    try:
+        return _train(cfg, run_dir, choices or {}, overrides or [])
+    finally:
+        folder.release()
+
+
+def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str]) -> dict:
     config = OmegaConf.to_container(cfg, resolve=True)
-    summary_base = {"seed": cfg.seed, "choices": choices or {}, "config": config,
+    summary_base = {"seed": cfg.seed, "choices": choices, "overrides": overrides, "config": config,
                     "experiment_scale": cfg.experiment_scale}
     previous = _read_summary(run_dir)
     if cfg.resume and previous is not None and previous.get("status") == "completed":
+        if changed := _changed_keys(previous.get("config", {}), config):
+            raise SetupError(f"resume=true but {run_dir} holds a completed run whose configuration differs in "
+                             f"{', '.join(changed)}; nothing there was changed: use a new hydra.run.dir")
         log.info("%s already completed; skipping it (resume=true)", run_dir)
         return previous
     try:
         # everything that can reject the configuration is built before any data is loaded
         check_no_ignored_choice(cfg, choices)
+        check_config(cfg, GROUPS)
         settings = settings_from(cfg)
         device = resolve_device(cfg.device)
         parts = Parts(**{group: instantiate(cfg[group]) for group in GROUPS})
         checkpoint = load_checkpoint(run_dir, device) if cfg.resume else None
+        if cfg.resume and checkpoint is None:
+            log.info("resume=true but %s has no checkpoint yet: starting from round 1", run_dir)
         if checkpoint is not None and (changed := _changed_keys(checkpoint["summary"]["config"], config)):
             raise ValueError(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "
                              "resume with the same settings or use a new hydra.run.dir")
@@ -127,15 +149,13 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
             torch.backends.cudnn.benchmark = False
-        if not isinstance(cfg.data.download, bool):
-            raise ValueError(f"data.download={cfg.data.download!r} is not allowed; it must be true or false")
         fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale,
                        download=cfg.data.download)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         save_partition_report(fed.partition, run_dir)
     except Exception as err:
-        if previous is None:  # never overwrite what an earlier run of this directory recorded
+        if previous is None and not (run_dir / "checkpoint.pt").exists():  # never touch an earlier run's folder
             run_dir.mkdir(parents=True, exist_ok=True)
             write_json(run_dir / "summary.json", dict(summary_base, status="failed", error=f"{type(err).__name__}: {err}",
                                                       traceback=traceback.format_exc()))
@@ -153,8 +173,11 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None) -> 
         summary = run_federation(fed, settings, run_dir, summary_base, checkpoint)
     finally:
         fed.tracker.finish(_read_summary(run_dir) or {"status": "failed"})
-    log.info("%s: final test accuracy %.4f after %d rounds (%s)", summary["status"],
-             summary["final_test_acc"] or 0.0, summary["rounds_completed"], run_dir)
+    if summary["final_test_acc"] is None:
+        log.info("%s after %d rounds, never evaluated (%s)", summary["status"], summary["rounds_completed"], run_dir)
+    else:
+        log.info("%s: final test accuracy %.4f after %d rounds (%s)", summary["status"], summary["final_test_acc"],
+                 summary["rounds_completed"], run_dir)
     return summary
 
 
@@ -170,20 +193,48 @@ def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:
     return train(cfg, run_dir, choices)
 
 
+class SweepSummary(Callback):
+    """At the end of a sweep: how many jobs completed, diverged, failed or were interrupted, the failed ones'
+    folders and errors, and a non-zero exit status when any failed."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep = Path(config.hydra.sweep.dir)
+        summaries = {p.parent: json.loads(p.read_text()) for p in sorted(sweep.glob("**/summary.json"))}
+        counts = Counter(s.get("status", "unknown") for s in summaries.values())
+        log.info("sweep %s: %s", sweep, ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no runs")
+        failed = {d: s for d, s in summaries.items() if s.get("status") == "failed"}
+        for folder, summary in failed.items():
+            log.error("failed: %s: %s", folder, str(summary.get("error", "")).splitlines()[0][:300])
+        if failed:
+            sys.exit(1)
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.RUN and not str(hydra_cfg.run.dir).strip():
+        log.error("hydra.run.dir='' is not allowed: every result file would land in the current folder; give a folder")
+        sys.exit(2)
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in RECORDED_CHOICES}
     try:
-        summary = train(cfg, hydra_cfg.runtime.output_dir, choices)
+        summary = train(cfg, hydra_cfg.runtime.output_dir, choices, list(hydra_cfg.overrides.task))
     except SetupError as err:
         # a user error, not a bug: the message alone, without a traceback
         log.error("%s", err)
         if hydra_cfg.mode == RunMode.MULTIRUN:
             return  # recorded in this run's summary.json; the sweep goes on
         sys.exit(2)
+    except Exception as err:
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            raise  # a single run shows where it broke
+        # in a sweep the others go on; the traceback is in the job's summary.json, the count at the sweep's end
+        log.error("job failed: %s: %s (traceback in %s)", type(err).__name__, err,
+                  Path(hydra_cfg.runtime.output_dir) / "summary.json")
+        return
     if summary["status"] == "interrupted":
-        raise KeyboardInterrupt  # stops a sweep too; resume=true continues from the checkpoint
+        log.warning("interrupted after round %d; resume=true with the same settings continues from its checkpoint",
+                    summary["rounds_completed"])
+        sys.exit(130)  # the shell's code for an interrupt; stops a sweep too
 
 
 if __name__ == "__main__":
@@ -191,6 +242,6 @@ if __name__ == "__main__":
     # this __main__ copy are pickled by value, which train() cannot be, while fedagg.run's are
     # pickled by name. Rebinding train (and SetupError, which main() catches) to the importable
     # module's keeps Hydra's config path relative to this file.
-    from fedagg.run import SetupError, train  # noqa: F401,F811
+    from fedagg.run import SetupError, SweepSummary, train  # noqa: F401,F811
 
     main()

@@ -104,7 +104,8 @@ def test_a_failing_job_is_recorded_and_the_sweep_finishes_the_others(tmp_path):
     targets = f"fedagg.aggregators.base.FedAvg,{__name__}.Boom,fedagg.aggregators.base.FedAvg"
     cmd = [sys.executable, "-m", "fedagg.run", "-m", "rounds=1", "device=cpu", f"hydra.sweep.dir={tmp_path}",
            f"aggregator._target_={targets}"]
-    subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=TESTS), capture_output=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=TESTS), capture_output=True)
+    assert proc.returncode == 1  # the sweep ran every job, then says one failed
     status = [json.loads((tmp_path / str(i) / "summary.json").read_text())["status"] for i in range(3)]
     assert status == ["completed", "failed", "completed"]
     failed = json.loads((tmp_path / "1" / "summary.json").read_text())

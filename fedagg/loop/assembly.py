@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -30,6 +31,7 @@ from fedagg.system.base import System
 from fedagg.tracking.base import Tracker
 
 DEFAULT_VAL_FRAC, DEFAULT_TEST_FRAC = 0.1, 0.2
+log = logging.getLogger("fedagg")
 
 
 @dataclass
@@ -112,6 +114,10 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     stats = partition_stats(pool_labels, split, bundle.num_classes)
     model = build_model(parts.model, bundle, settings.seed, device)
     data = DeviceData(bundle, device, model.input_shape)
+    if model.input_shape[1] >= 4 * bundle.image_size:  # the model was built for much larger images
+        log.warning("%s takes %dx%d inputs: %s's %dx%d images are upsampled %dx; a backbone for small images "
+                    "(e.g. a CIFAR stem) may suit them better", type(model).__name__, *model.input_shape[1:],
+                    bundle.name, bundle.image_size, bundle.image_size, model.input_shape[1] // bundle.image_size)
     val_frac = effective_val_frac(parts.client.val_frac, needs)
     test_frac = effective_test_frac(parts.client.test_frac, settings.eval_per_client)
     clients = make_clients([pool[p] for p in split], val_frac, settings.seed, device, test_frac)

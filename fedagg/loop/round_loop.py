@@ -19,7 +19,7 @@ from fedagg.aggregators.base import sample_weights
 from fedagg.data.seeding import generator
 from fedagg.engines.base import RoundJob, RoundResult
 from fedagg.loop.assembly import Federation
-from fedagg.loop.checkpoints import rng_state, save_checkpoint, set_rng_state
+from fedagg.loop.checkpoints import rng_state, save_atomically, save_checkpoint, set_rng_state
 from fedagg.loop.diagnostics import round_diagnostics
 from fedagg.loop.evaluation import evaluate, per_client_accuracy, spread
 from fedagg.loop.inputs import InputsProvider
@@ -180,7 +180,7 @@ class RoundLoop:
             save_checkpoint(self.run_dir, self.state(elapsed))
         set_params(self.fed.model, self.params)
         set_buffers(self.fed.model, self.buffers)
-        torch.save(self.fed.model.state_dict(), self.run_dir / "model.pt")
+        save_atomically(self.fed.model.state_dict(), self.run_dir / "model.pt")
         write_json(self.run_dir / "summary.json", self.summary)
 
 

@@ -1,0 +1,84 @@
+"""One run per folder: a lock on the run folder for the run's lifetime.
+
+The lock is an exclusive `flock` on the folder itself, so the kernel drops it when the
+holder exits, however it exits; a second run in the same folder is refused at once,
+naming the folder and the holder's process id (kept in `.owner`). An `.owner` file whose
+process is gone was left by a run that was killed: it is taken over with a notice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+OWNER = ".owner"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunFolder:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.fd: int | None = None
+
+    def acquire(self) -> "RunFolder":
+        """Create the folder if needed and hold its lock; ValueError (one line) when another run has it or it
+        cannot be written."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"cannot create the run folder {self.path} ({err.strerror}); use a writable hydra.run.dir") from None
+        self.fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+            holder = self._owner()
+            who = f"process {holder}" if holder else "another process"
+            raise ValueError(f"{self.path} is in use by another run ({who}); wait for it to finish or use another "
+                             "hydra.run.dir") from None
+        # root passes os.access everywhere; a folder without any write bit is meant to be read-only
+        if not os.access(self.path, os.W_OK) or not self.path.stat().st_mode & 0o222:
+            self.release()
+            raise ValueError(f"cannot write to the run folder {self.path} (it is read-only); use a writable "
+                             "hydra.run.dir")
+        stale = self._owner()
+        if stale and stale != os.getpid() and not _alive(stale):
+            log.info("taking over %s from process %d, which has gone (a run that was killed)", self.path, stale)
+        try:
+            (self.path / OWNER).write_text(f"{os.getpid()}\n")
+        except OSError as err:
+            self.release()
+            raise ValueError(f"cannot write to the run folder {self.path} ({err.strerror}); use a writable "
+                             "hydra.run.dir") from None
+        return self
+
+    def _owner(self) -> int | None:
+        try:
+            return int((self.path / OWNER).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        if self._owner() == os.getpid():
+            try:
+                (self.path / OWNER).unlink()
+            except OSError:
+                pass
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None

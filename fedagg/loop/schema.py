@@ -1,0 +1,193 @@
+"""The configuration's types and known keys, checked before anything is built.
+
+The top-level keys have a typed schema (`TopLevel`); every group option is typed by the
+constructor (or function) its `_target_` names: its parameters are the keys it accepts and
+their annotations the types. OmegaConf's own validation does the typing (a boolean is not
+an integer, "abc" is not a float), and fedagg turns its errors, an unknown key (with the
+nearest known one) and a non-finite number into one line naming the key, the value and
+what is allowed. A top-level key is known when fedagg reads it, when another setting
+interpolates it (a table's `method`), or when it is the table layout the scripts read.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import math
+import re
+import types
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ValidationError
+
+META_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
+READ_BY_SCRIPTS = ("table",)  # a table experiment's layout, read by make_table and plot from summary.json
+
+
+@dataclass
+class DataKeys:
+    root: str = MISSING
+    download: bool = MISSING
+
+
+@dataclass
+class EvalKeys:
+    per_client: bool = MISSING
+
+
+@dataclass
+class TopLevel:
+    seed: int = MISSING
+    rounds: int = MISSING
+    num_clients: int = MISSING
+    clients_per_round: Optional[int] = MISSING
+    device: str = MISSING
+    eval_every: int = MISSING
+    target_acc: Optional[float] = MISSING
+    stop_at_target: bool = MISSING
+    checkpoint_every: int = MISSING
+    resume: bool = MISSING
+    deterministic: bool = MISSING
+    experiment_scale: float = MISSING
+    data: DataKeys = field(default_factory=DataKeys)
+    eval: EvalKeys = field(default_factory=EvalKeys)
+
+
+def _type_name(hint) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if typing.get_origin(hint) is typing.Union:
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return f"{_type_name(inner[0])} or null"
+    return names.get(hint, str(hint))
+
+
+def _omegaconf_type(hint):
+    """The annotation as OmegaConf can enforce it: a primitive, Optional of one, else Any (checked by the code)."""
+    if hint in (int, float, bool, str):
+        return hint
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and rest[0] in (int, float, bool, str):
+            return Optional[rest[0]]
+    return Any
+
+
+def _refuse_type(prefix: str, err: ValidationError, values: DictConfig, schema) -> ValueError:
+    key = str(err.full_key)
+    value = OmegaConf.select(values, key, throw_on_missing=False)
+    hint = _field_hint(schema, key)
+    return ValueError(f"{prefix}{key}={_shown(value)} is not allowed; it must be {_type_name(hint)}")
+
+
+def _field_hint(schema, dotted: str):
+    node = schema
+    for part in dotted.split("."):
+        hints = typing.get_type_hints(node)
+        node = hints.get(part, Any)
+    return node
+
+
+def _shown(value) -> str:
+    if isinstance(value, (DictConfig, ListConfig)):
+        return str(OmegaConf.to_container(value))
+    return repr(value)
+
+
+def _unknown(prefix: str, key: str, known: list[str], elsewhere: list[str] = ()) -> ValueError:
+    """One line for an unknown key, suggesting the nearest known one here, else the nearest full key elsewhere."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        hint = f"did you mean {prefix}{close[0]}?"
+    else:
+        leaves = {path.rsplit(".", 1)[-1]: path for path in elsewhere}
+        near = difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.8)
+        hint = f"did you mean {leaves[near[0]]}?" if near else f"known keys: {', '.join(sorted(known))}"
+    return ValueError(f"{prefix}{key} is not a setting fedagg knows ({hint}); remove it or correct its name")
+
+
+def _paths(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Every key path below `cfg` (for suggestions)."""
+    out = []
+    for key in cfg:
+        node = cfg._get_node(key)
+        out.append(f"{prefix}{key}")
+        if isinstance(node, DictConfig) and not OmegaConf.is_interpolation(cfg, key):
+            out += _paths(node, f"{prefix}{key}.")
+    return out
+
+
+def _finite(prefix: str, values: dict, floats: list[str]) -> None:
+    for key in floats:
+        value = values.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{prefix}{key}={value!r} is not allowed; it must be a finite number")
+
+
+def _locate(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def check_node(node: DictConfig, prefix: str) -> None:
+    """A group option: its keys are its target's parameters, typed by their annotations; nested options too."""
+    target = _locate(node["_target_"])
+    function = target.__init__ if inspect.isclass(target) else target
+    params = {n: p for n, p in inspect.signature(function).parameters.items() if n != "self"}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return  # it takes any keyword: nothing to check against
+    try:
+        hints = typing.get_type_hints(function)
+    except (NameError, TypeError):  # an annotation that names what only a type checker imports: check no types
+        hints = {}
+    plain = {}
+    for key in node:
+        if key in META_KEYS:
+            continue
+        if key not in params:
+            raise _unknown(prefix, key, [p for p in params if p not in ("args", "kwargs")])
+        value = node._get_node(key)
+        if isinstance(value, DictConfig) and "_target_" in value:
+            check_node(node[key], f"{prefix}{key}.")
+        else:
+            plain[key] = hints.get(key, Any)
+    schema = make_dataclass("Schema", [(k, _omegaconf_type(h), field(default=MISSING)) for k, h in plain.items()])
+    values = OmegaConf.create({k: node[k] for k in plain})
+    try:
+        typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except ValidationError as err:
+        raise _refuse_type(prefix, err, values, schema) from None
+    _finite(prefix, typed, [k for k, h in plain.items() if _omegaconf_type(h) in (float, Optional[float])])
+
+
+def _interpolated(cfg: DictConfig) -> set[str]:
+    """Top-level names that some value refers to with ${name...}."""
+    text = OmegaConf.to_yaml(cfg, resolve=False)
+    return set(re.findall(r"\$\{([A-Za-z_]\w*)", text))
+
+
+def check_config(cfg: DictConfig, groups: tuple[str, ...]) -> None:
+    """Refuse, in one line, a value of the wrong type, a non-finite number or a key nobody reads."""
+    top = [f.name for f in TopLevel.__dataclass_fields__.values()]
+    known = set(top) | set(groups) | set(READ_BY_SCRIPTS) | {"hydra"}
+    used = _interpolated(cfg)
+    for key in cfg:
+        if key not in known and key not in used:
+            raise _unknown("", key, sorted(known - {"hydra"}), [p for g in groups for p in _paths(cfg[g], f"{g}.")])
+    for key, schema in (("data", DataKeys), ("eval", EvalKeys)):
+        allowed = [f.name for f in fields(schema)]
+        extra = sorted(set(cfg[key]) - set(allowed))
+        if extra:
+            raise _unknown(f"{key}.", extra[0], allowed)
+    values = OmegaConf.create({k: cfg[k] for k in top})
+    try:
+        OmegaConf.merge(OmegaConf.structured(TopLevel), values)
+    except ValidationError as err:
+        raise _refuse_type("", err, values, TopLevel) from None
+    _finite("", {k: values[k] for k in ("target_acc", "experiment_scale")}, ["target_acc", "experiment_scale"])
+    for group in groups:
+        check_node(cfg[group], f"{group}.")
