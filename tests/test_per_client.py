@@ -67,6 +67,8 @@ def test_a_run_records_every_clients_accuracy(tmp_path):
         accs = np.array([float(r["test_acc"]) for r in rows if r["round"] == m["round"]])
         assert float(m["client_acc_mean"]) == pytest.approx(accs.mean())
         assert float(m["client_acc_min"]) == pytest.approx(accs.min())
+    summary = json.loads((tmp_path / "summary.json").read_text())  # the last evaluation's, for make_table --metric
+    assert summary["final_client_acc_p10"] == pytest.approx(float(metrics[-1]["client_acc_p10"]))
     sizes = {c["id"]: c["size"] for c in json.loads((tmp_path / "partition.json").read_text())["clients"]}
     tested = {int(r["client"]): int(r["num_test"]) for r in rows}
     trained = {int(r["client"]): int(r["num_samples"]) for r in _rows(tmp_path / "weights.csv")}

@@ -125,6 +125,7 @@ class RoundLoop:
             tests = [c.test_idx for c in self.fed.clients]
             accs = per_client_accuracy(self.fed.model, self.fed.data, tests, self.fed.engine.eval_batch_size)
             row.update(spread(accs))
+            self.summary.update({f"final_{k}": v for k, v in spread(accs).items()})  # make_table --metric can show them
             self.clients_log.extend({"round": row["round"], "client": c.id, "test_acc": a, "num_test": t.numel()}
                                     for c, a, t in zip(self.fed.clients, accs.tolist(), tests))
         s = self.summary
