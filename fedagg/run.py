@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from fedagg.data.partition_report import save_partition_report
 from fedagg.loop.assembly import Parts, assemble
 from fedagg.loop.checkpoints import load_checkpoint
+from fedagg.loop import threads
 from fedagg.loop.folder import RunFolder
 from fedagg.loop.round_loop import run_federation
 from fedagg.loop.schema import check_config
@@ -107,21 +108,22 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, overrides: list[str] | None = None) -> dict:
+def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, overrides: list[str] | None = None,
+          concurrent_jobs: int = 1) -> dict:
     """Run (or resume) one experiment described by a composed config; write its files to run_dir, which no
-    other run may use meanwhile."""
+    other run may use meanwhile. `concurrent_jobs`: how many jobs a launcher runs at once on this machine."""
     run_dir = Path(run_dir)
     try:
         folder = RunFolder(run_dir).acquire()
     except ValueError as err:
         raise SetupError(str(err)) from None
     try:
-        return _train(cfg, run_dir, choices or {}, overrides or [])
+        return _train(cfg, run_dir, choices or {}, overrides or [], concurrent_jobs)
     finally:
         folder.release()
 
 
-def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str]) -> dict:
+def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], concurrent_jobs: int) -> dict:
     config = OmegaConf.to_container(cfg, resolve=True)
     summary_base = {"seed": cfg.seed, "choices": choices, "overrides": overrides, "config": config,
                     "experiment_scale": cfg.experiment_scale}
@@ -167,6 +169,7 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str]) 
         fed.data.name, fed.data.train_y.numel(), fed.data.test_y.numel(), len(fed.clients),
         type(fed.model).__name__, sum(p.numel() for p in fed.model.parameters()), device,
     )
+    threads.apply(cfg.threads, sum(p.numel() for p in fed.model.parameters()), concurrent_jobs)
     fed.tracker.start(run_dir, config, name=run_dir.name)
     fed.tracker.log_image("partition", run_dir / "partition.png")
     try:
@@ -193,6 +196,16 @@ def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:
     return train(cfg, run_dir, choices)
 
 
+def concurrent_jobs(hydra_cfg) -> int:
+    """Jobs the launcher runs at once on this machine: joblib's n_jobs (-1: every core), else one (the basic
+    launcher runs them in turn; submitit gives each its own allocation)."""
+    launcher = hydra_cfg.launcher
+    if hydra_cfg.mode != RunMode.MULTIRUN or "joblib" not in str(launcher.get("_target_", "")).lower():
+        return 1
+    n = int(launcher.get("n_jobs") or 1)
+    return n if n > 0 else max(1, threads.available_cores() + 1 + n)
+
+
 class SweepSummary(Callback):
     """At the end of a sweep: how many jobs completed, diverged, failed or were interrupted, the failed ones'
     folders and errors, and a non-zero exit status when any failed."""
@@ -217,7 +230,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in RECORDED_CHOICES}
     try:
-        summary = train(cfg, hydra_cfg.runtime.output_dir, choices, list(hydra_cfg.overrides.task))
+        summary = train(cfg, hydra_cfg.runtime.output_dir, choices, list(hydra_cfg.overrides.task),
+                        concurrent_jobs(hydra_cfg))
     except SetupError as err:
         # a user error, not a bug: the message alone, without a traceback
         log.error("%s", err)

@@ -207,6 +207,22 @@ def test_two_job_sweep_through_the_joblib_launcher(tmp_path):
     assert [s["status"] for s in summaries] == ["completed", "completed"]
     assert [s["seed"] for s in summaries] == [0, 1]
     assert OmegaConf.load(tmp_path / "multirun.yaml").hydra.launcher._target_.endswith("JoblibLauncher")
+    # each of the 2 jobs at once gets its share of the cores, or one thread for this small model
+    assert all("computing with 1 torch thread(s)" in (tmp_path / str(i) / "run.log").read_text() for i in range(2))
+
+
+def test_two_job_sweep_through_the_submitit_launcher(tmp_path):
+    """The Slurm configuration's code path, run by real submitit on this machine (submitit_local)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    cmd = [sys.executable, "-m", "fedagg.run", "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
+           "rounds=1", "device=cpu", "seed=0,1", f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = [json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in range(2)]
+    assert [(s["status"], s["seed"]) for s in summaries] == [("completed", 0), ("completed", 1)]
+    assert list((tmp_path / ".submitit").glob("*/*_result.pkl"))  # submitit ran the jobs and kept their results
+    assert f"sweep {tmp_path}: 2 completed" in proc.stdout + proc.stderr
 
 
 # --- slow: every table end to end at a tiny scale -----------------------------------------

@@ -20,8 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
-from torchvision import datasets as tv
-from torchvision.datasets.utils import extract_archive
 
 from fedagg.data.download import fetch
 from fedagg.data.image_folders import list_class_folder, load_or_decode, read_annotated_folder
@@ -90,6 +88,14 @@ def _require(name: str, folder: Path, expected: Sequence[str], how: str, check: 
         raise _not_found(name, folder, expected, how, missing())
 
 
+def _tv():
+    """torchvision's datasets, imported when a dataset needs them: importing torchvision pulls in torch's
+    compiler stack, seconds of start-up a run on the bundled digits never needs."""
+    from torchvision import datasets
+
+    return datasets
+
+
 def _torchvision_how(cls: type, folder: Path) -> str:
     return (
         f"on a machine with network run python -c \"import torchvision; torchvision.datasets.{cls.__name__}"
@@ -118,17 +124,24 @@ def digits(root: str | None = None, *, mean: Sequence[float], std: Sequence[floa
     across runs and machines.
     """
     del root, download  # bundled with scikit-learn
-    # Imported here: scikit-learn's datasets module alone takes about 1.5 s to import.
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    cached = cache_dir() / "digits-split-v1.pt"  # importing scikit-learn takes seconds; the split never changes
+    if cached.exists():
+        t = torch.load(cached)
+    else:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
 
-    data = load_digits()
-    images = np.rint(data.images * (255 / 16)).astype(np.uint8)[:, None]
-    x_tr, x_te, y_tr, y_te = train_test_split(images, data.target, test_size=0.2, stratify=data.target, random_state=0)
-    return DatasetBundle(
-        "digits", torch.from_numpy(x_tr).contiguous(), _labels(y_tr), torch.from_numpy(x_te).contiguous(),
-        _labels(y_te), 10, mean, std, augment,
-    )
+        data = load_digits()
+        images = np.rint(data.images * (255 / 16)).astype(np.uint8)[:, None]
+        x_tr, x_te, y_tr, y_te = train_test_split(images, data.target, test_size=0.2, stratify=data.target,
+                                                  random_state=0)
+        t = {"train_x": torch.from_numpy(x_tr).contiguous(), "train_y": _labels(y_tr),
+             "test_x": torch.from_numpy(x_te).contiguous(), "test_y": _labels(y_te)}
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+        torch.save(t, tmp)
+        os.replace(tmp, cached)  # concurrent runs each write whole files
+    return DatasetBundle("digits", t["train_x"], t["train_y"], t["test_x"], t["test_y"], 10, mean, std, augment)
 
 
 # --- MNIST and Fashion-MNIST (IDX files) ------------------------------------------------
@@ -177,6 +190,8 @@ def _idx_root(cls: type, name: str, root: Path, download: bool) -> Path:
             continue
         # Extract (or copy) beside the destination, then rename: concurrent runs and
         # interrupted ones never see a half-written file.
+        from torchvision.datasets.utils import extract_archive
+
         scratch = Path(tempfile.mkdtemp(dir=target, prefix=".extract-"))
         try:
             if gz.is_file():
@@ -201,13 +216,13 @@ def _idx_dataset(cls: type, name: str, root: str, mean, std, augment: bool, down
 def mnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False,
           download: bool = False) -> DatasetBundle:
     """MNIST 1x28x28 from `root/MNIST/raw/` (torchvision's layout, plain or .gz IDX files)."""
-    return _idx_dataset(tv.MNIST, "mnist", root, mean, std, augment, download)
+    return _idx_dataset(_tv().MNIST, "mnist", root, mean, std, augment, download)
 
 
 def fmnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False,
            download: bool = False) -> DatasetBundle:
     """Fashion-MNIST 1x28x28 from `root/FashionMNIST/raw/` (plain or .gz IDX files)."""
-    return _idx_dataset(tv.FashionMNIST, "fmnist", root, mean, std, augment, download)
+    return _idx_dataset(_tv().FashionMNIST, "fmnist", root, mean, std, augment, download)
 
 
 # --- CIFAR (pickled batches) --------------------------------------------------------------
@@ -246,13 +261,13 @@ def _cifar(cls: type, name: str, root: str, mean, std, augment: bool, verify_md5
 def cifar10(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
             verify_md5: bool = True, download: bool = False) -> DatasetBundle:
     """CIFAR-10 3x32x32 from `root/cifar-10-batches-py/` (the python-pickle release)."""
-    return _cifar(tv.CIFAR10, "cifar10", root, mean, std, augment, verify_md5, download)
+    return _cifar(_tv().CIFAR10, "cifar10", root, mean, std, augment, verify_md5, download)
 
 
 def cifar100(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
              verify_md5: bool = True, download: bool = False) -> DatasetBundle:
     """CIFAR-100 3x32x32, the 100 fine labels, from `root/cifar-100-python/`."""
-    return _cifar(tv.CIFAR100, "cifar100", root, mean, std, augment, verify_md5, download)
+    return _cifar(_tv().CIFAR100, "cifar100", root, mean, std, augment, verify_md5, download)
 
 
 # --- JPEG folders ---------------------------------------------------------------------------

@@ -9,13 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Normalize
-from matplotlib.figure import Figure
 from torch import Tensor
 
 _LEGEND_MAX = 20  # beyond this many classes a legend hides the bars it explains
@@ -35,14 +30,20 @@ def partition_stats(labels: Tensor, parts: list[Tensor], num_classes: int) -> di
 
 
 def save_partition_report(stats: dict, run_dir: str | Path) -> None:
-    """Write run_dir/partition.json and run_dir/partition.png."""
+    """Write run_dir/partition.json and run_dir/partition.png, unless a resumed run's folder has them already."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "partition.json").write_text(json.dumps(stats, indent=1))
-    _plot(stats, run_dir / "partition.png")
+    text = json.dumps(stats, indent=1)
+    json_path, png = run_dir / "partition.json", run_dir / "partition.png"
+    if json_path.exists() and png.exists() and json_path.read_text() == text:
+        return  # the same split: drawn once
+    json_path.write_text(text)
+    _plot(stats, png)
 
 
 def _class_colors(num_classes: int) -> list:
+    import matplotlib
+
     if num_classes <= 10:
         return list(matplotlib.colormaps["tab10"].colors)
     if num_classes <= _LEGEND_MAX:
@@ -51,6 +52,13 @@ def _class_colors(num_classes: int) -> list:
 
 
 def _plot(stats: dict, path: Path) -> None:
+    # imported here: matplotlib takes most of a second to import, and only this picture needs it
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+
     k, c = stats["num_clients"], stats["num_classes"]
     counts = np.array([cl["class_counts"] for cl in stats["clients"]], dtype=np.int64).reshape(k, c)
     # A Figure on its own Agg canvas, not pyplot: no global backend switch and no figure

@@ -24,6 +24,8 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
+from fedagg.loop import threads
+
 META_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 READ_BY_SCRIPTS = ("table",)  # a table experiment's layout, read by make_table and plot from summary.json
 
@@ -53,6 +55,7 @@ class TopLevel:
     resume: bool = MISSING
     deterministic: bool = MISSING
     experiment_scale: float = MISSING
+    threads: Any = MISSING  # "auto" or a number: checked by fedagg.loop.threads
     data: DataKeys = field(default_factory=DataKeys)
     eval: EvalKeys = field(default_factory=EvalKeys)
 
@@ -189,5 +192,6 @@ def check_config(cfg: DictConfig, groups: tuple[str, ...]) -> None:
     except ValidationError as err:
         raise _refuse_type("", err, values, TopLevel) from None
     _finite("", {k: values[k] for k in ("target_acc", "experiment_scale")}, ["target_acc", "experiment_scale"])
+    threads.choose(cfg.threads, 0, 1)  # auto or a positive number
     for group in groups:
         check_node(cfg[group], f"{group}.")
