@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import sys
 import traceback
@@ -17,7 +16,6 @@ from collections import Counter
 from pathlib import Path
 
 import hydra
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
@@ -31,6 +29,7 @@ from fedagg.loop.assembly import Parts, assemble
 from fedagg.loop.checkpoints import load_checkpoint
 from fedagg.loop import threads
 from fedagg.loop.folder import RunFolder
+from fedagg.loop.numerics import numerics
 from fedagg.loop.round_loop import run_federation
 from fedagg.loop.schema import check_config
 from fedagg.loop.settings import Settings, resolve_device
@@ -134,54 +133,60 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
                              f"{', '.join(changed)}; nothing there was changed: use a new hydra.run.dir")
         log.info("%s already completed; skipping it (resume=true)", run_dir)
         return previous
-    try:
-        # everything that can reject the configuration is built before any data is loaded
-        check_no_ignored_choice(cfg, choices)
-        check_config(cfg, GROUPS)
-        settings = settings_from(cfg)
-        device = resolve_device(cfg.device)
-        parts = Parts(**{group: instantiate(cfg[group]) for group in GROUPS})
-        checkpoint = load_checkpoint(run_dir, device) if cfg.resume else None
-        if cfg.resume and checkpoint is None:
-            log.info("resume=true but %s has no checkpoint yet: starting from round 1", run_dir)
-        if checkpoint is not None and (changed := _changed_keys(checkpoint["summary"]["config"], config)):
-            raise ValueError(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "
-                             "resume with the same settings or use a new hydra.run.dir")
-        if cfg.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
-            torch.backends.cudnn.benchmark = False
-        fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale,
-                       download=cfg.data.download)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        save_partition_report(fed.partition, run_dir)
-    except Exception as err:
-        if previous is None and not (run_dir / "checkpoint.pt").exists():  # never touch an earlier run's folder
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_json(run_dir / "summary.json", dict(summary_base, status="failed", error=f"{type(err).__name__}: {err}",
-                                                      traceback=traceback.format_exc()))
-        if (user_error := _user_error(err)) is not None:
-            raise SetupError(str(user_error)) from err
-        raise
-    log.info(
-        "%s: %d train / %d test samples, %d clients, %s with %d parameters on %s",
-        fed.data.name, fed.data.train_y.numel(), fed.data.test_y.numel(), len(fed.clients),
-        type(fed.model).__name__, sum(p.numel() for p in fed.model.parameters()), device,
-    )
-    threads.apply(cfg.threads, sum(p.numel() for p in fed.model.parameters()), concurrent_jobs)
-    fed.tracker.start(run_dir, config, name=run_dir.name)
-    fed.tracker.log_image("partition", run_dir / "partition.png")
-    try:
-        summary = run_federation(fed, settings, run_dir, summary_base, checkpoint)
-    finally:
-        fed.tracker.finish(_read_summary(run_dir) or {"status": "failed"})
+    with numerics(cfg.deterministic is True, cfg.tf32 is True):  # the values are checked in _prepare, first thing
+        try:
+            fed, settings, checkpoint = _prepare(cfg, run_dir, choices, config, summary_base)
+        except Exception as err:
+            if previous is None and not (run_dir / "checkpoint.pt").exists():  # never touch an earlier run's folder
+                write_json(run_dir / "summary.json", dict(summary_base, status="failed",
+                                                          error=f"{type(err).__name__}: {err}",
+                                                          traceback=traceback.format_exc()))
+            if (user_error := _user_error(err)) is not None:
+                raise SetupError(str(user_error)) from err
+            raise
+        num_params = sum(p.numel() for p in fed.model.parameters())
+        log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s", fed.data.name,
+                 fed.data.train_y.numel(), fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
+                 num_params, summary_base["device"])
+        threads.apply(cfg.threads, num_params, concurrent_jobs)
+        fed.tracker.start(run_dir, config, name=run_dir.name)
+        fed.tracker.log_image("partition", run_dir / "partition.png")
+        try:
+            summary = run_federation(fed, settings, run_dir, summary_base, checkpoint)
+        finally:
+            fed.tracker.finish(_read_summary(run_dir) or {"status": "failed"})
     if summary["final_test_acc"] is None:
         log.info("%s after %d rounds, never evaluated (%s)", summary["status"], summary["rounds_completed"], run_dir)
     else:
         log.info("%s: final test accuracy %.4f after %d rounds (%s)", summary["status"], summary["final_test_acc"],
                  summary["rounds_completed"], run_dir)
     return summary
+
+
+def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summary_base: dict):
+    """Everything that can reject the configuration, before any data is loaded; then the data, the clients and
+    the model. Returns (federation, settings, the checkpoint to resume from or None)."""
+    check_no_ignored_choice(cfg, choices)
+    check_config(cfg, GROUPS)
+    settings = settings_from(cfg)
+    device = resolve_device(cfg.device)
+    summary_base["device"] = device.type  # the random streams of a run depend on it
+    parts = Parts(**{group: instantiate(cfg[group]) for group in GROUPS})
+    checkpoint = load_checkpoint(run_dir, device) if cfg.resume else None
+    if cfg.resume and checkpoint is None:
+        log.info("resume=true but %s has no checkpoint yet: starting from round 1", run_dir)
+    if checkpoint is not None and (changed := _changed_keys(checkpoint["summary"]["config"], config)):
+        raise ValueError(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "
+                         "resume with the same settings or use a new hydra.run.dir")
+    started = checkpoint["summary"].get("device", device.type) if checkpoint is not None else device.type
+    if started != device.type:
+        raise ValueError(f"resume=true on {device.type}, but the run started on {started}, where its random streams "
+                         f"differ: resume it with device={started}, or start a new run")
+    fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale,
+                   download=cfg.data.download)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    save_partition_report(fed.partition, run_dir)
+    return fed, settings, checkpoint
 
 
 def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:

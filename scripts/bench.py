@@ -295,7 +295,9 @@ def main(argv=None) -> None:
     p.add_argument("--cifar-samples", type=int, default=None,
                    help="size of the CIFAR-shaped training pool (default 50,000 on CUDA, 5,000 on the CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--tf32", action="store_true", help="TF32 matmuls and convolutions (fedagg's tf32=true); off by default")
     args = p.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32  # one setting for both
     if args.threads:
         torch.set_num_threads(args.threads)
     if not args.data_root.exists() and (ROOT / args.data_root).exists():
@@ -306,7 +308,7 @@ def main(argv=None) -> None:
     peak = matmul_peak(device, dtype)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"device: {name}; matmul peak {peak / 1e9:.1f} GFLOP/s ({args.precision}); chunk_size={args.chunk_size}, "
-          f"precision={args.precision}, channels_last={args.channels_last}, compile={args.compile}, "
+          f"precision={args.precision}, channels_last={args.channels_last}, compile={args.compile}, tf32={args.tf32}, "
           f"rounds={args.rounds}{', quick' if args.quick else ''}")
     rows = []
     for key in args.workloads.split(","):

@@ -1,6 +1,5 @@
 """Every YAML of every config group composes into the main config and instantiates."""
 
-from pathlib import Path
 
 import pytest
 from hydra.utils import instantiate

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from conftest import ROOT, compose_config
-from fedagg.loop.folder import RunFolder
 from fedagg.run import train
 
 TESTS = str(ROOT / "tests")

@@ -162,14 +162,30 @@ def test_command_line_prints_only_the_message(tmp_path):
     assert len(out) == 1 and out[0].endswith("client.momentum=1.5 is not allowed; it must be in [0, 1)")
 
 
-def test_deterministic_flag_turns_on_torch_deterministic_kernels(tmp_path):
-    try:
-        a = train(compose_config("rounds=2", "device=cpu", "deterministic=true", "model=resnet20", "client.local_epochs=1"), tmp_path / "a")
-        assert torch.are_deterministic_algorithms_enabled() and a["status"] == "completed"
-    finally:
-        torch.use_deterministic_algorithms(False)
-    b = train(compose_config("rounds=2", "device=cpu", "model=resnet20", "client.local_epochs=1"), tmp_path / "b")
-    assert _rows(tmp_path / "a" / "metrics.csv") == _rows(tmp_path / "b" / "metrics.csv")  # the CPU already was
+class RecordsNumerics(Aggregator):
+    """FedAvg that notes torch's numeric switches while the run aggregates."""
+
+    seen: list = []
+
+    def client_weights(self, inputs):
+        RecordsNumerics.seen.append((torch.are_deterministic_algorithms_enabled(),
+                                     os.environ.get("CUBLAS_WORKSPACE_CONFIG"), torch.backends.cuda.matmul.allow_tf32))
+        return super().client_weights(inputs)
+
+
+def test_numeric_switches_hold_for_the_run_and_are_put_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")  # a user's value with which deterministic cuBLAS fails
+    base = ["rounds=2", "device=cpu", "model=resnet20", "client.local_epochs=1",
+            f"aggregator._target_={__name__}.RecordsNumerics"]
+    RecordsNumerics.seen = []
+    train(compose_config(*base, "deterministic=true", "tf32=true"), tmp_path / "a")
+    assert set(RecordsNumerics.seen) == {(True, ":4096:8", False)}  # deterministic kernels, their workspace, no TF32
+    # a second job in the same process (the basic launcher's sweep) starts from the user's settings again
+    assert not torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":0:0"
+    RecordsNumerics.seen = []
+    train(compose_config(*base, "tf32=true"), tmp_path / "b")
+    assert set(RecordsNumerics.seen) == {(False, ":0:0", True)} and not torch.backends.cuda.matmul.allow_tf32
+    assert _rows(tmp_path / "a" / "metrics.csv") == _rows(tmp_path / "b" / "metrics.csv")  # the CPU is deterministic
 
 
 def test_relaunched_sweep_with_resume_skips_completed_runs_and_finishes_the_rest(tmp_path):

@@ -1,6 +1,5 @@
 """Robust rules on hand-made matrices with known answers, bucketing, and the attacks' effect on known updates."""
 
-import csv
 import json
 
 import numpy as np
@@ -14,7 +13,7 @@ from fedagg.aggregators.geomed import GeoMed, weiszfeld
 from fedagg.aggregators.inputs import ClientSetup
 from fedagg.aggregators.krum import Krum, MultiKrum
 from fedagg.aggregators.median import Median
-from fedagg.aggregators.robust import RobustRule, buckets
+from fedagg.aggregators.robust import RobustRule
 from fedagg.aggregators.trimmed_mean import TrimmedMean
 from fedagg.attacks.base import Attack
 from fedagg.attacks.label_flip import LabelFlip

@@ -12,7 +12,6 @@ from fedagg.data.seeding import generator
 from fedagg.loop.settings import Settings, sample_clients
 from fedagg.run import train
 from fedagg.system.availability import Availability
-from fedagg.system.dropout import Dropout
 from fedagg.system.stragglers import Stragglers
 
 

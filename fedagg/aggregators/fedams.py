@@ -92,12 +92,13 @@ class FedCAMS(FedAMS):
         weights = self.client_weights(inputs).to(client_params.dtype)
         self.last_weights = weights
         ids = [int(i) for i in inputs.client_ids.tolist()]
-        errors = torch.stack([self.errors.get(i, torch.zeros_like(global_params)) for i in ids])
+        errors = torch.stack([self.errors[i].to(global_params.device) if i in self.errors
+                              else torch.zeros_like(global_params) for i in ids])
         corrected = client_params - global_params + errors  # Delta_k + e_k
         sent = self.compress(corrected)  # c_k = C(Delta_k + e_k) (Alg. 2, client)
         residual = corrected - sent  # e_k <- Delta_k + e_k - c_k (Alg. 2, client)
         for i, e in zip(ids, residual):
-            self.errors[i] = e.clone()  # own storage: a row view would keep this round's [K, P] alive
+            self.errors[i] = e.to("cpu", copy=True)  # on the host, own storage (a row view would keep [K, P] alive)
         self.report(error_norm=float(torch.linalg.vector_norm(residual, dim=1).mean()))  # what compression held back
         return self.server_update(inputs, weights @ sent)  # FedAMS on sum_k p_k c_k
 

@@ -40,10 +40,12 @@ class FedDynClient(Objective):
         return -linear + 0.5 * self.alpha * squared_distance(params, anchor)
 
     def client_state(self, client_id, like):
-        return self.grad_state.get(client_id, torch.zeros_like(like))
+        state = self.grad_state.get(client_id)
+        return torch.zeros_like(like) if state is None else state.to(like.device)
 
     def after_training(self, client_id: int, trained: Tensor, global_params: Tensor, work: LocalWork) -> None:
-        self.grad_state[client_id] = self.client_state(client_id, trained) - self.alpha * (trained - global_params)
+        new = self.client_state(client_id, trained) - self.alpha * (trained - global_params)
+        self.grad_state[client_id] = new.cpu()  # on the host: every client ever seen keeps one
 
     def state_dict(self):
         return {"grad_state": {k: v.clone() for k, v in self.grad_state.items()}}

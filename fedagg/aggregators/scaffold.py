@@ -34,13 +34,14 @@ class ScaffoldClient(Objective):
     def client_state(self, client_id: int, like: Tensor) -> Tensor:
         c = torch.zeros_like(like) if self.c is None else self.c.to(like)
         c_k = self.variates.get(client_id)
-        return c if c_k is None else c - c_k
+        return c if c_k is None else c - c_k.to(like.device)
 
     def after_training(self, client_id: int, trained: Tensor, global_params: Tensor, work: LocalWork) -> dict:
         c = torch.zeros_like(trained) if self.c is None else self.c.to(trained)
-        c_k = self.variates.get(client_id, torch.zeros_like(trained))
+        c_k = self.variates.get(client_id)
+        c_k = torch.zeros_like(trained) if c_k is None else c_k.to(trained.device)
         updated = c_k - c + (global_params - trained) / (work.steps * work.lr)  # option II
-        self.variates[client_id] = updated
+        self.variates[client_id] = updated.cpu()  # on the host: every client ever seen keeps one
         return {"delta_c": updated - c_k}
 
     def state_dict(self) -> dict:

@@ -68,6 +68,7 @@ class StackedSGD:
         out = []
         for k in range(self.params[0].shape[0]):
             state = {} if self.buffers is None else {
-                i: {"momentum_buffer": b[k].clone()} for i, b in enumerate(self.buffers)}
+                # kept on the host: every client ever seen keeps one, and a GPU holds only this round's
+                i: {"momentum_buffer": b[k].to("cpu", copy=True)} for i, b in enumerate(self.buffers)}
             out.append({"state": state, "param_groups": copy.deepcopy(groups)})
         return out

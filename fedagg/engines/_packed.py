@@ -71,9 +71,10 @@ def _op(name: str, plain, packed) -> type[torch.autograd.Function]:
 
 
 def _conv_packed(k, in_dims, x, w, b, stride, padding, dilation, groups, channels_last):
-    if in_dims[0] is not None and w.shape[-3] <= LOOP_MAX_CHANNELS and x.shape[1 - in_dims[0]] >= LOOP_MIN_BATCH:
-        # an input layer on large batches: oneDNN's grouped kernels with so few channels per group are
-        # slower than one ordinary convolution per client
+    loop = x.device.type == "cpu" and w.shape[-3] <= LOOP_MAX_CHANNELS
+    if in_dims[0] is not None and loop and x.shape[1 - in_dims[0]] >= LOOP_MIN_BATCH:
+        # an input layer on large CPU batches: oneDNN's grouped kernels with so few channels per group are
+        # slower than one ordinary convolution per client (on a GPU the grouped kernel is one launch, not K)
         xs, ws = x.movedim(in_dims[0], 0), _front(w, in_dims[1], k)
         bs = None if b is None else _front(b, in_dims[2], k)
         fmt = torch.channels_last if channels_last else torch.contiguous_format

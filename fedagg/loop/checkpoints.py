@@ -20,16 +20,18 @@ log = logging.getLogger(__name__)
 
 
 def rng_state() -> dict:
+    """torch's global generators, for a user's model that draws from them (fedagg's own streams never do):
+    the CPU's and the current GPU's only, so a run resumes on a machine with fewer GPUs."""
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda_current"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([t.cpu() for t in state["cuda"]])
+    if "cuda_current" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda_current"].cpu())
 
 
 def save_atomically(obj, path: Path) -> None:

@@ -181,7 +181,8 @@ class RoundLoop:
             save_checkpoint(self.run_dir, self.state(elapsed))
         set_params(self.fed.model, self.params)
         set_buffers(self.fed.model, self.buffers)
-        save_atomically(self.fed.model.state_dict(), self.run_dir / "model.pt")
+        # CPU tensors: model.pt opens anywhere, without map_location
+        save_atomically({k: v.cpu() for k, v in self.fed.model.state_dict().items()}, self.run_dir / "model.pt")
         write_json(self.run_dir / "summary.json", self.summary)
 
 

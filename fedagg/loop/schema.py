@@ -54,6 +54,7 @@ class TopLevel:
     checkpoint_every: int = MISSING
     resume: bool = MISSING
     deterministic: bool = MISSING
+    tf32: bool = MISSING
     experiment_scale: float = MISSING
     threads: Any = MISSING  # "auto" or a number: checked by fedagg.loop.threads
     data: DataKeys = field(default_factory=DataKeys)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The GPU check, one command: the `cuda` tests, then scripts/bench.py on every workload with both engines,
+# plain and with each fast path (bf16, channels-last, compile, TF32), every table into one folder.
+#   bash scripts/gpu_check.sh [OUT_DIR]      (default: $OUT, else gpu_check/)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-gpu_check}}
+mkdir -p "$out"
+nvidia-smi > "$out/nvidia_smi.txt" 2>&1
+"${PYTHON:-python3}" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py > "$out/cuda_tests.txt" 2>&1
+echo "cuda tests: $(tail -n 1 "$out/cuda_tests.txt")"
+for flags in "" "--precision bf16" "--channels-last" "--compile" "--tf32"; do
+  name=bench${flags// /_}
+  "${PYTHON:-python3}" scripts/bench.py --device cuda --rounds 3 --data-root "${FEDAGG_DATA:-../shared/data}" $flags > "$out/${name//--/_}.txt" 2>&1
+  echo "bench ${flags:-(fp32)}: done"; tail -n 12 "$out/${name//--/_}.txt"
+done
