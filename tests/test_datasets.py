@@ -43,7 +43,8 @@ def check_bundle(b: DatasetBundle, channels: int, size: int) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_yaml_targets_the_loader_of_the_same_name(name):
     cfg = OmegaConf.load(CONF / f"{name}.yaml")
-    assert cfg._target_ == f"fedagg.data.datasets.{name}" and cfg._partial_ is True
+    module = "jpeg_datasets" if name in ("tinyimagenet", "imagenet") else "datasets"
+    assert cfg._target_ == f"fedagg.data.{module}.{name}" and cfg._partial_ is True
 
 
 def test_digits_fixed_stratified_split():

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import compose_config
 from fake_datasets import write_cifar, write_tiny_imagenet
-from fedagg.data import datasets, download
+from fedagg.data import datasets, download, jpeg_datasets
 from fedagg.data.download import Source
 from fedagg.run import train
 
@@ -99,7 +99,7 @@ def test_a_server_that_stops_mid_way_leaves_nothing_half_written(tmp_path, serve
     server.cut.add("tiny-imagenet-200.zip")
     root = tmp_path / "data"
     with pytest.raises(download.DownloadError, match=r"connection closed after \d+ of \d+ bytes"):
-        datasets.tinyimagenet(str(root), mean=[0.5] * 3, std=[0.25] * 3, download=True)
+        jpeg_datasets.tinyimagenet(str(root), mean=[0.5] * 3, std=[0.25] * 3, download=True)
     assert leftovers(root) == []
 
 
@@ -137,7 +137,7 @@ def test_offline_fails_fast_in_one_line_and_leaves_nothing(tmp_path, monkeypatch
 
 def test_imagenet_is_never_downloaded(tmp_path):
     with pytest.raises(datasets.DatasetNotFoundError, match="ImageNet is never downloaded"):
-        datasets.imagenet(str(tmp_path), mean=[0.5] * 3, std=[0.25] * 3, download=True)
+        jpeg_datasets.imagenet(str(tmp_path), mean=[0.5] * 3, std=[0.25] * 3, download=True)
     assert leftovers(tmp_path) == []
 
 
