@@ -1,8 +1,9 @@
 """Downloads of missing datasets, against a local HTTP server serving archives in the real formats."""
 
 import hashlib
-import multiprocessing
 import shutil
+import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -103,20 +104,29 @@ def test_a_server_that_stops_mid_way_leaves_nothing_half_written(tmp_path, serve
     assert leftovers(root) == []
 
 
-def _load_cifar(root: str) -> None:
-    datasets.cifar10(root, **CIFAR_MEAN, verify_md5=False, download=True)
+# A separate interpreter per run, as two real runs would be: a forked child of this threaded
+# process (HTTP server, torch pools) can deadlock, and a hung child must not outlive the test.
+LOAD_CIFAR = """
+import sys
+from fedagg.data import datasets, download
+from fedagg.data.download import Source
+download.SOURCES["cifar10"] = Source(((sys.argv[1], sys.argv[2]),), "cifar-10-batches-py", True)
+datasets.cifar10(sys.argv[3], mean=[0.5] * 3, std=[0.25] * 3, verify_md5=False, download=True)
+"""
 
 
 def test_two_runs_needing_the_same_dataset_download_it_once(tmp_path, server):
     server.delay = 0.5  # the first holds the lock long enough for the second to wait on it
     root = tmp_path / "data"
-    context = multiprocessing.get_context("fork")  # the children see this test's sources
-    jobs = [context.Process(target=_load_cifar, args=(str(root),)) for _ in range(2)]
-    for job in jobs:
-        job.start()
-    for job in jobs:
-        job.join(60)
-    assert [job.exitcode for job in jobs] == [0, 0]
+    url, md5 = download.SOURCES["cifar10"].files[0]
+    jobs = [subprocess.Popen([sys.executable, "-c", LOAD_CIFAR, url, md5, str(root)], stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    try:
+        errors = [job.communicate(timeout=120)[1] for job in jobs]
+    finally:
+        for job in jobs:
+            job.kill()
+    assert [job.returncode for job in jobs] == [0, 0], errors
     assert len(server.hits) == 1 and leftovers(root) == ["cifar-10-batches-py"]
 
 

@@ -171,12 +171,15 @@ def test_a_clean_stop_prints_one_line_not_a_traceback(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "fedagg.run", "rounds=40", "device=cpu", "client.local_epochs=4",
                              "checkpoint_every=1", f"hydra.run.dir={tmp_path}"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    end = time.time() + 120
-    while not (tmp_path / "checkpoint.pt").exists():
-        assert proc.poll() is None and time.time() < end
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
+    try:
+        end = time.time() + 120
+        while not (tmp_path / "checkpoint.pt").exists():
+            assert proc.poll() is None and time.time() < end
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # a run that outlives its test would hold CI's output open
     assert proc.returncode == 130 and "Traceback" not in out
     assert "resume=true with the same settings continues from its checkpoint" in out
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
