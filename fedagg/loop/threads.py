@@ -4,8 +4,9 @@ torch uses every core by default, and two processes that each do so on the same 
 wait for each other's threads: a run beside another busy process slows down several
 times, worst beside a second fedagg run (a sweep run n jobs at a time is exactly that).
 `threads: auto` therefore gives each job the cores it may use divided by the jobs that a
-launcher runs at once on this machine, and a small model one thread, which is the fastest
-for it even on an idle machine (its per-operation work is too small to share). A number
+launcher runs at once on this machine, and a small model one thread: its per-operation
+work is too small to share, so one thread is as fast as two on an idle machine and
+several times faster on a busy one. A number
 given as `threads` wins; so does OMP_NUM_THREADS when the user set it.
 """
 
@@ -16,7 +17,7 @@ import os
 
 import torch
 
-SMALL_MODEL = 200_000  # parameters; below this one thread is fastest (README "Speed": measured on digits/MNIST MLPs)
+SMALL_MODEL = 200_000  # parameters; the MNIST MLPs are under it (README "On a busy CPU": measured on the digits MLP)
 log = logging.getLogger("fedagg")
 
 
