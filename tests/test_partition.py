@@ -56,7 +56,8 @@ CASES = [
     ("dirichlet", 20, {"alpha": 0.5}),
     ("power_law", 20, {}),
     ("power_law", 20, {"label_dist": "n_class"}),
-    ("mixed", 10, {"samples_per_client": 300}),
+    ("mixed", 10, {"samples_per_client": 300, "class_choice": "balanced"}),
+    ("mixed", 10, {"samples_per_client": 60}),  # random classes: five 60-sample clients fit even on one class
 ]
 IDS = [f"{name}-{k}-{params}" for name, k, params in CASES]
 
@@ -162,12 +163,38 @@ def test_power_law_n_class_labels():
 
 @pytest.mark.parametrize("num_iid,cpc", [(5, 1), (3, 2)])
 def test_mixed_iid_then_x_class(num_iid, cpc):
-    labels = make_labels(per_class=1000)
+    labels = make_labels(per_class=4000)  # any 5 random 600-sample picks fit, as on MNIST
     parts = split("mixed", 10, labels=labels, num_iid=num_iid, classes_per_client=cpc)
     assert_valid(parts, 10, labels.numel())
     assert sizes(parts).tolist() == [600] * 10
     counts = num_classes_of(parts, labels)
     assert counts[:num_iid] == [10] * num_iid and counts[num_iid:] == [cpc] * (10 - num_iid)
+
+
+def _one_class_picks(class_choice, seed):
+    """The class of each of the 5 one-class clients of a 5 + 5 mixed split."""
+    labels = make_labels(per_class=2000)
+    parts = split("mixed", 10, seed=seed, labels=labels, samples_per_client=300, class_choice=class_choice)
+    return [int(labels[p[0]]) for p in parts[5:]]
+
+
+def test_mixed_random_classes_are_independent_draws_that_may_overlap():
+    picks = [_one_class_picks("random", seed) for seed in range(400)]
+    # 5 independent uniform draws of 10 classes are all distinct with probability
+    # 10·9·8·7·6 / 10^5 = 0.3024; over 400 splits that share is 0.30 ± 0.023 (one s.d.)
+    distinct = sum(len(set(p)) == 5 for p in picks) / len(picks)
+    assert 0.23 < distinct < 0.37
+    counts = torch.bincount(torch.tensor(picks).flatten(), minlength=10)
+    assert int(counts.min()) > 150 and int(counts.max()) < 250  # 200 expected per class: uniform
+
+
+def test_mixed_balanced_classes_never_overlap_below_one_per_class():
+    assert all(len(set(_one_class_picks("balanced", seed))) == 5 for seed in range(50))
+
+
+def test_mixed_class_choice_is_checked():
+    with pytest.raises(ValueError, match=r"^partition.class_choice='even' is not allowed; choose one of random, balanced"):
+        split("mixed", 10, class_choice="even")
 
 
 def test_mixed_all_iid():
@@ -254,7 +281,7 @@ def test_save_partition_report_writes_json_and_png(tmp_path):
 def test_every_yaml_instantiates_to_a_valid_split():
     names = sorted(p.stem for p in CONF.glob("*.yaml"))
     assert names == ["dirichlet", "iid", "mixed", "n_class", "power_law", "shards"]
-    labels = make_labels(per_class=1000)
+    labels = make_labels(per_class=4000)  # mixed's defaults (600 a client, random classes) fit any draw, as on MNIST
     for name in names:
         fn = instantiate(OmegaConf.load(CONF / f"{name}.yaml"))
         assert_valid(fn(labels, 10, generator=torch.Generator().manual_seed(0)), 10, labels.numel())

@@ -265,10 +265,23 @@ def power_law(labels: Tensor, num_clients: int, *, generator: torch.Generator, e
     return _draw(_class_pools(labels, present, generator), choice, sizes_for(budget))
 
 
+CLASS_CHOICES = ("random", "balanced")
+
+
+def _random_classes(num_classes: int, num_clients: int, cpc: int, generator) -> Tensor:
+    """Each client's classes: `cpc` distinct ones uniformly at random, independently of the other
+    clients, so two clients can share classes and a class can go unused (fedadp.txt, Sec. 5.1)."""
+    return torch.rand(num_clients, num_classes, generator=generator).argsort(dim=1)[:, :cpc]
+
+
 def mixed(labels: Tensor, num_clients: int, *, generator: torch.Generator, num_iid: int = 5,
-          classes_per_client: int = 1, samples_per_client: int = 600) -> list[Tensor]:
+          classes_per_client: int = 1, samples_per_client: int = 600, class_choice: str = "random") -> list[Tensor]:
     """FedAdp's setup: the first `num_iid` clients IID, the rest `classes_per_client`-class,
-    `samples_per_client` each (600 in fedadp.txt, on 10 nodes)."""
+    `samples_per_client` each (600 in fedadp.txt, on 10 nodes). `class_choice`: `random`
+    (fedadp.txt: each class "is selected at random and can be overlapped") or `balanced`
+    (class loads differ by at most one)."""
+    if class_choice not in CLASS_CHOICES:
+        raise ValueError(f"partition.class_choice={class_choice!r} is not allowed; choose one of {', '.join(CLASS_CHOICES)}")
     labels, num_clients = _prepare(labels, num_clients)
     n = labels.numel()
     num_iid = _check_int("num_iid", num_iid, 0, num_clients, f" (num_clients={num_clients})")
@@ -283,8 +296,10 @@ def mixed(labels: Tensor, num_clients: int, *, generator: torch.Generator, num_i
     if num_iid == num_clients:
         return parts
     left = torch.bincount(torch.searchsorted(present, labels[rest]), minlength=len(present))
-    choice = _balanced_classes(len(present), num_clients - num_iid, cpc, generator)
+    pick = _random_classes if class_choice == "random" else _balanced_classes
+    choice = pick(len(present), num_clients - num_iid, cpc, generator)
     sizes = torch.full((num_clients - num_iid,), spc)
     _check_supply(present, left, choice, sizes, f"samples_per_client={spc}",
-                  "use a smaller samples_per_client or fewer IID clients (num_iid)")
+                  "use a smaller samples_per_client or fewer IID clients (num_iid)"
+                  + (", or class_choice=balanced" if class_choice == "random" else ""))
     return parts + _draw(_class_pools(labels, present, generator, rest), choice, sizes)
