@@ -270,7 +270,7 @@ CLASS_CHOICES = ("random", "balanced")
 
 def _random_classes(num_classes: int, num_clients: int, cpc: int, generator) -> Tensor:
     """Each client's classes: `cpc` distinct ones uniformly at random, independently of the other
-    clients, so two clients can share classes and a class can go unused (fedadp.txt, Sec. 5.1)."""
+    clients, so two clients can share classes and a class can go unused (fedadp.txt, Sec. II-B)."""
     return torch.rand(num_clients, num_classes, generator=generator).argsort(dim=1)[:, :cpc]
 
 
