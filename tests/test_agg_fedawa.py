@@ -115,6 +115,35 @@ def test_several_steps_and_use_updated(betas):
     assert not torch.allclose(new, before, atol=1e-3)
 
 
+def sgd(t, w, Wk, reg, steps, lr, momentum, weight_decay):
+    """torch.optim.SGD's update written out: the decay joins the gradient, the buffer starts at it."""
+    buf = None
+    for _ in range(steps):
+        g = loss_and_grad(t, w, Wk, reg)[1] + weight_decay * t
+        buf = g if buf is None else momentum * buf + g
+        t = t - lr * buf
+    return t
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_sgd_server_optimizer_matches_hand_computation(steps):
+    agg = FedAWA(server_optimizer="sgd", server_steps=steps, server_lr=0.5, use_updated=True)
+    assert FedAWA(server_optimizer="sgd").server_lr == 1e-2  # the authors' code's SGD learning rate
+    new = run(agg, all_num_samples=ALL_N)
+    t = sgd(np.array([1, 2, 1]) / 8.0, np64(W), np64(CLIENTS), "cos", steps, lr=0.5, momentum=0.9, weight_decay=5e-4)
+    assert np.allclose([agg.logits[i].item() for i in range(3)], t, atol=1e-6)
+    assert np.allclose(new.numpy(), softmax(t) @ np64(CLIENTS), atol=1e-5)
+
+
+def test_gamma_scales_the_new_global_and_nothing_else():
+    plain, scaled = FedAWA(), FedAWA(gamma=0.9)
+    a, b = run(plain, all_num_samples=ALL_N), run(scaled, all_num_samples=ALL_N)
+    lam = softmax(np.array([1, 2, 1]) / 8.0)
+    assert np.allclose(b.numpy(), 0.9 * (lam @ np64(CLIENTS)), atol=1e-6)
+    assert torch.allclose(b, 0.9 * a, atol=1e-7) and torch.equal(plain.last_weights, scaled.last_weights)
+    assert all(torch.equal(plain.logits[i], scaled.logits[i]) for i in range(3))
+
+
 def test_state_round_trip_is_bit_identical():
     a = FedAWAL()
     layout = two_layer_layout()
@@ -183,6 +212,8 @@ def test_fedawa_l_with_a_layout_of_another_model_says_so():
 @pytest.mark.parametrize("key, value, hint", [
     ("reg", "l1", "cos, euclid, none"), ("server_lr", 0.0, "> 0"), ("betas", (1.0, 0.999), r"\[0, 1\)"),
     ("betas", (0.5,), "two numbers"), ("server_steps", 0, ">= 1"), ("use_updated", "yes", "true or false"),
+    ("server_optimizer", "rmsprop", "adam, sgd"), ("gamma", 0.0, "> 0"), ("momentum", -0.1, ">= 0"),
+    ("weight_decay", float("nan"), ">= 0"),
 ])
 def test_bad_values_name_the_key(key, value, hint):
     with pytest.raises(ValueError, match=rf"aggregator\.{key}=.*{hint}"):
@@ -194,4 +225,5 @@ def test_defaults_are_specs(cls):
     agg = cls()
     assert agg.betas == (0.5, 0.999) and agg.server_lr == 1e-3
     assert agg.server_steps == 1 and agg.reg == "cos" and agg.use_updated is False
+    assert agg.server_optimizer == "adam" and agg.gamma == 1.0
     assert agg.state_dict() == {"logits": {}}

@@ -6,6 +6,8 @@ Eq. (3)/(4) rewards clients whose client vector τ_k = Δ_k lies near the merged
 τ_g = Σ λ_k τ_k and whose model stays near the global one; a fresh Adam takes
 `server_steps` steps on T_S; the new global is Σ λ_k W_k / Σ λ_k with the λ from before
 the step. FedAWA is FedAWA-L with the whole vector as its one layer, so both share one path.
+Options from the authors' code, off by default: `server_optimizer: sgd` (SGD with momentum
+and weight decay on T instead of Adam) and `gamma`, a scale on the new global.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from fedagg.aggregators.inputs import RoundInputs
 from fedagg.models.flat import ParamLayout
 
 REGS = ("cos", "euclid", "none")
+# the authors' code (github.com/ChanglongShi/FedAWA, server_funct.py `fedawa`): a fresh optimizer on T every round
+SERVER_OPTIMIZERS = {"adam": 1e-3, "sgd": 1e-2}  # name -> its learning rate there
 COS_EPS = 1e-8  # guards cos(w, W_k) of an all-zero layer (e.g. a BatchNorm bias at init) -> cos = 0
 
 
@@ -32,15 +36,28 @@ class FedAWA(Aggregator):
 
     def __init__(
         self,
-        server_lr: float = 1e-3,
+        server_lr: float | None = None,
         betas: tuple[float, float] = (0.5, 0.999),
         server_steps: int = 1,
         reg: str = "cos",
         use_updated: bool = False,
+        server_optimizer: str = "adam",
+        momentum: float = 0.9,
+        weight_decay: float = 5e-4,
+        gamma: float = 1.0,
     ) -> None:
         super().__init__()
+        if server_optimizer not in SERVER_OPTIMIZERS:
+            raise _bad("server_optimizer", server_optimizer, f"choose one of {', '.join(SERVER_OPTIMIZERS)}")
+        if server_lr is None:
+            server_lr = SERVER_OPTIMIZERS[server_optimizer]
         if isinstance(server_lr, bool) or not (isinstance(server_lr, (int, float)) and 0 < server_lr < float("inf")):
-            raise _bad("server_lr", server_lr, "use a finite number > 0, e.g. 1e-3")
+            raise _bad("server_lr", server_lr, "use a finite number > 0, e.g. 1e-3, or null")
+        for key, value in (("momentum", momentum), ("weight_decay", weight_decay)):
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+                raise _bad(key, value, "use a finite number >= 0")
+        if isinstance(gamma, bool) or not (isinstance(gamma, (int, float)) and 0 < gamma < float("inf")):
+            raise _bad("gamma", gamma, "use a finite number > 0 (1: no scaling)")
         pair = tuple(betas) if hasattr(betas, "__iter__") and not isinstance(betas, str) else ()  # YAML gives a ListConfig
         if len(pair) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in pair):
             raise _bad("betas", betas, "use two numbers in [0, 1), e.g. [0.5, 0.999]")
@@ -52,6 +69,8 @@ class FedAWA(Aggregator):
             raise _bad("use_updated", use_updated, "use true or false")
         self.server_lr, self.betas, self.server_steps = float(server_lr), tuple(float(b) for b in pair), server_steps
         self.reg, self.use_updated = reg, use_updated
+        self.server_optimizer, self.momentum, self.weight_decay = server_optimizer, float(momentum), float(weight_decay)
+        self.gamma = float(gamma)
         self.logits: dict[int, Tensor] = {}  # client id -> [L] logits, L = number of layers
 
     def layers(self, layout: ParamLayout, num_params: int) -> list[slice]:
@@ -92,7 +111,7 @@ class FedAWA(Aggregator):
         tau = client_params - global_params  # client vectors τ_k = Δ_k (Eq. 1)
         drift = self.drift(global_params, client_params, layers)
         T = T0.clone().requires_grad_(True)
-        opt = torch.optim.Adam([T], lr=self.server_lr, betas=self.betas)  # fresh each round (Algorithm 1)
+        opt = self.optimizer(T)  # fresh each round (Algorithm 1)
         with torch.enable_grad():
             for step in range(self.server_steps):
                 opt.zero_grad()
@@ -110,7 +129,14 @@ class FedAWA(Aggregator):
         new = torch.empty_like(global_params)
         for l, s in enumerate(layers):
             new[s] = lam[:, l] @ client_params[:, s] / lam[:, l].sum()  # Σ λ_k W_k / Σ λ_k, per layer
+        if self.gamma != 1.0:
+            new *= self.gamma  # the authors' code's `gamma` ("vector_scale"), 1 there by default
         return new
+
+    def optimizer(self, T: Tensor) -> torch.optim.Optimizer:
+        if self.server_optimizer == "sgd":
+            return torch.optim.SGD([T], lr=self.server_lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        return torch.optim.Adam([T], lr=self.server_lr, betas=self.betas)
 
     def state_dict(self) -> dict:
         return {"logits": {cid: t.clone() for cid, t in self.logits.items()}}
