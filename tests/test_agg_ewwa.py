@@ -10,6 +10,7 @@ import torch
 from fedagg import RoundInputs
 from fedagg.aggregators import ewwa
 from fedagg.aggregators.ewwa import EWWA
+from fedagg.loop.round_loop import combine_buffers
 
 OPTIMIZERS = ("adam", "adagrad", "yogi")
 MOMENTS = ("shared_sequential", "per_client")
@@ -176,10 +177,92 @@ def test_buffers_are_averaged_with_sample_shares():
     assert torch.allclose(agg.buffer_weights(RoundInputs.of(torch.zeros(2), torch.zeros(3, 2), num_samples=SAMPLES)), torch.tensor([1 / 6, 1 / 2, 1 / 3]))
 
 
+def authors_code_round(state, moments, t, clients, b1=0.9, b2=0.999, eps=1e-8):
+    """One round of the authors' released aggregation, on dicts of named arrays as their state dicts:
+    Adam moments updated client after client over every key, one minimum over all keys, log weights."""
+    m, v = moments
+    scale = math.sqrt(1 - b2 ** (t + 1)) / (1 - b1 ** (t + 1))
+    steps = []
+    for client in clients:
+        step = {}
+        for k in state:
+            g = state[k] - client[k]
+            m[k] = b1 * m[k] + (1 - b1) * g
+            v[k] = b2 * v[k] + (1 - b2) * g * g
+            step[k] = scale * m[k] / (np.sqrt(v[k]) + eps)
+        steps.append(step)
+    small = min(float(step[k].min()) for step in steps for k in state)
+    new = {}
+    for k in state:
+        q = [np.log(step[k] - small + 1) + 1e-8 for step in steps]
+        new[k] = sum(qi / sum(q) * client[k] for qi, client in zip(q, clients))
+    return new
+
+
+def test_elementwise_buffers_follow_the_authors_code_over_two_rounds():
+    # weights and a BatchNorm-like statistic whose update is far below the weights' (it sets the shared minimum)
+    state = {"w": np.array([0.5, -1.0, 2.0]), "running_var": np.array([1.0, 1.0])}
+    rounds = [[{"w": np.array([0.2, -0.7, 2.5]), "running_var": np.array([3.0, 0.5])},
+               {"w": np.array([0.9, -1.4, 1.6]), "running_var": np.array([1.2, 4.0])},
+               {"w": np.array([0.4, -0.9, 2.2]), "running_var": np.array([2.0, 2.0])}],
+              [{"w": np.array([0.1, -0.5, 2.9]), "running_var": np.array([2.5, 0.8])},
+               {"w": np.array([0.7, -1.1, 1.9]), "running_var": np.array([1.5, 3.0])},
+               {"w": np.array([0.6, -0.8, 2.4]), "running_var": np.array([2.2, 1.1])}]]
+    # their m and v start as the model with only its weights zeroed: the statistic keeps its value
+    moments = ({"w": np.zeros(3), "running_var": state["running_var"].copy()},
+               {"w": np.zeros(3), "running_var": state["running_var"].copy()})
+    agg = EWWA(buffers="elementwise")
+    assert agg.needs.buffers and not EWWA().needs.buffers
+    ids = torch.tensor([2, 0, 1])  # listed out of id order: the moments run in ascending id
+    order = [1, 2, 0]  # position of ids 0, 1, 2
+    params, buffers = torch.tensor(state["w"]), torch.tensor(state["running_var"])
+    samples_agg, elementwise, plain = EWWA(), [], []
+    for t, clients in enumerate(rounds):
+        expected = authors_code_round(state, moments, t, [clients[k] for k in order])
+        listed = [clients[k] for k in range(3)]
+        inputs = RoundInputs.of(params, torch.tensor(np.stack([c["w"] for c in listed])), client_ids=ids, round=t + 1,
+                                global_buffers=buffers,
+                                client_buffers=torch.tensor(np.stack([c["running_var"] for c in listed])))
+        plain.append(samples_agg.aggregate(RoundInputs.of(params, inputs.client_params, client_ids=ids, round=t + 1)).numpy())
+        params = agg.aggregate(inputs)
+        elementwise.append(params.numpy())
+        buffers = combine_buffers(inputs.client_buffers, agg.buffer_weights(inputs))
+        assert np.allclose(params.numpy(), expected["w"], rtol=1e-12, atol=1e-12)
+        assert np.allclose(buffers.numpy(), expected["running_var"], rtol=1e-12, atol=1e-12)
+        state = expected
+    # the statistic is not the data-weighted mean `buffers: samples` gives (which the reference would fail)
+    listed = np.stack([c["running_var"] for c in rounds[-1]])
+    assert not np.allclose(buffers.numpy(), listed.mean(axis=0), atol=1e-3)
+    # here the statistic's steps never undercut the weights' minimum, so the weights match `buffers: samples`
+    assert all(np.allclose(a, b, rtol=1e-12) for a, b in zip(elementwise, plain))
+
+
+def test_a_statistic_can_set_the_shared_minimum_and_so_move_the_weights():
+    # every weight moved down on every client (steps > 0); the running mean moved up (steps < 0)
+    state = {"w": np.array([1.0, 2.0]), "running_mean": np.array([0.0])}
+    clients = [{"w": np.array([0.5, 1.0]), "running_mean": np.array([0.3])},
+               {"w": np.array([0.9, 1.2]), "running_mean": np.array([0.1])}]
+    moments = ({"w": np.zeros(2), "running_mean": np.zeros(1)}, {"w": np.zeros(2), "running_mean": np.zeros(1)})
+    expected = authors_code_round(state, moments, 0, clients)
+    inputs = RoundInputs.of(torch.tensor(state["w"]), torch.tensor(np.stack([c["w"] for c in clients])),
+                            global_buffers=torch.tensor(state["running_mean"]),
+                            client_buffers=torch.tensor(np.stack([c["running_mean"] for c in clients])))
+    together = EWWA(buffers="elementwise").aggregate(inputs)
+    apart = EWWA().aggregate(inputs)
+    assert np.allclose(together.numpy(), expected["w"], rtol=1e-12, atol=1e-12)
+    assert not np.allclose(together.numpy(), apart.numpy(), atol=1e-3)
+
+
+def test_elementwise_buffers_without_them_declared_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"reads inputs.global_buffers but does not declare it"):
+        EWWA(buffers="elementwise").aggregate(RoundInputs.of(torch.zeros(2), torch.ones(2, 2)))
+
+
 @pytest.mark.parametrize(
     "kwargs, key",
     [({"optimizer": "sgd"}, "optimizer"), ({"moments": "mean"}, "moments"), ({"weighting": "uniform"}, "weighting"),
-     ({"lr": 0.0}, "lr"), ({"beta1": 1.0}, "beta1"), ({"beta2": -0.1}, "beta2"), ({"eps": 0.0}, "eps")],
+     ({"lr": 0.0}, "lr"), ({"beta1": 1.0}, "beta1"), ({"beta2": -0.1}, "beta2"), ({"eps": 0.0}, "eps"),
+     ({"buffers": "mean"}, "buffers")],
 )
 def test_bad_options_raise_naming_the_key(kwargs, key):
     with pytest.raises(ValueError, match=rf"aggregator\.{key}="):
@@ -190,6 +273,7 @@ def test_defaults_are_specs():
     agg = EWWA()
     assert (agg.optimizer, agg.moments, agg.weighting) == ("adam", "shared_sequential", "log_shift")
     assert (agg.lr, agg.beta1, agg.beta2, agg.eps) == (1.0, 0.9, 0.999, 1e-8)
+    assert agg.buffers == "samples"
 
 
 def test_weight_quantiles_interpolate_and_sample_evenly(monkeypatch):
@@ -210,3 +294,17 @@ def test_reports_its_weight_quantiles_each_round():
     assert 0 <= reported["weight_q10"] <= reported["weight_q50"] <= reported["weight_q90"] <= 1
     assert reported["weight_q10"] < 0.5 < reported["weight_q90"]  # element-wise: not the uniform 1/2 everywhere
     assert agg.take_diagnostics() == {} and p.shape == (2,)  # taken once per round
+
+
+def test_elementwise_buffers_reach_a_batchnorm_models_statistics(tmp_path):
+    from conftest import compose_config
+    from fedagg.run import train
+
+    # element-wise weights turn float-level differences between the engines into different weights, so
+    # this checks the loop's plumbing (needs -> inputs -> [K, B] weights -> statistics) in one engine
+    base = ["rounds=1", "device=cpu", "model=cnn_fednnnn_cifar", "num_clients=3", "aggregator=ewwa", "experiment_scale=0.5"]
+    train(compose_config(*base, "aggregator.buffers=elementwise"), tmp_path / "elementwise")
+    train(compose_config(*base), tmp_path / "samples")
+    a, b = (torch.load(tmp_path / name / "model.pt") for name in ("elementwise", "samples"))
+    stats = [k for k in a if k.endswith("running_var")]
+    assert len(stats) == 6 and all(not torch.allclose(a[k], b[k], atol=1e-7) for k in stats)

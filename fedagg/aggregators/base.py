@@ -64,7 +64,8 @@ class Aggregator:
         return self.server_update(inputs, update)
 
     def buffer_weights(self, inputs: RoundInputs) -> Tensor:
-        """[K] weights for averaging buffers (BatchNorm statistics): the client weights just used."""
+        """[K] weights for averaging buffers (BatchNorm statistics): the client weights just used.
+        A method may return [K, B], a weight per client and buffer element (EWWA-FL)."""
         return self.last_weights if self.last_weights is not None else sample_weights(inputs.num_samples)
 
     def evaluated_params(self, global_params: Tensor) -> Tensor:

@@ -7,6 +7,11 @@ per-element weights over clients, and the new global is the weighted mix of clie
 Two readings of the moments (SPEC "EWWA-FL"): the authors' code (`shared_sequential`,
 default) runs the clients one after another through one shared m, v; the paper's
 Algorithm 2 (`per_client`) starts every client from last round's m, v and averages.
+Buffers (BatchNorm statistics) are averaged with D (`buffers: samples`), or, as the
+authors' code does, treated as more elements of the same vector (`buffers: elementwise`):
+moments, the shift of the weights and the weights themselves then run over parameters and
+buffers together, and the buffers' moments start from the model's own statistics, because
+that code starts m and v from a copy of the model whose weights alone are zeroed.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
-from fedagg.aggregators.inputs import RoundInputs
+from fedagg.aggregators.inputs import Needs, RoundInputs
 
 OPTIMIZERS = ("adam", "adagrad", "yogi")
 MOMENTS = ("shared_sequential", "per_client")
 WEIGHTINGS = ("log_shift", "softmax")
+BUFFERS = ("samples", "elementwise")
 QUANTILES = (0.1, 0.5, 0.9)
 QUANTILE_SAMPLE = 1 << 20  # torch.quantile sorts: an evenly strided sample of at most this many weights
 
@@ -51,10 +57,13 @@ class EWWA(Aggregator):
         beta1: float = 0.9,
         beta2: float = 0.999,
         eps: float = 1e-8,
+        buffers: str = "samples",
     ) -> None:
         self.optimizer = _choice("optimizer", optimizer, OPTIMIZERS)
         self.moments = _choice("moments", moments, MOMENTS)
         self.weighting = _choice("weighting", weighting, WEIGHTINGS)
+        self.buffers = _choice("buffers", buffers, BUFFERS)
+        self.needs = Needs(buffers=self.buffers == "elementwise")
         if not lr > 0:
             raise ValueError(f"aggregator.lr={lr!r} is not allowed; it must be > 0")
         # beta = 1 would make s_r = lr * sqrt(1 - beta2^r) / (1 - beta1^r) zero or a division by zero
@@ -66,8 +75,9 @@ class EWWA(Aggregator):
             raise ValueError(f"aggregator.eps={eps!r} is not allowed; it must be > 0")
         self.lr, self.beta1, self.beta2, self.eps = float(lr), float(beta1), float(beta2), float(eps)
         self.last_weights: Tensor | None = None
-        self.m: Tensor | None = None  # [P] first moment; zeros before the first round (Alg. 2 line 2)
-        self.v: Tensor | None = None  # [P] second moment; zeros before the first round (Alg. 2 line 3)
+        self.m: Tensor | None = None  # [P] first moment ([P + B] elementwise); zeros before the first round (Alg. 2 line 2)
+        self.v: Tensor | None = None  # [P] second moment, likewise (Alg. 2 line 3)
+        self.last_buffer_weights: Tensor | None = None  # [K, B] under `buffers: elementwise`
         self.step = 0  # rounds this aggregator has aggregated: r of s_r
 
     def _second_moment(self, v: Tensor, g: Tensor) -> Tensor:
@@ -88,13 +98,20 @@ class EWWA(Aggregator):
 
     def aggregate(self, inputs: RoundInputs) -> Tensor:
         global_params, client_params = inputs.global_params, inputs.client_params
+        num_params = global_params.numel()
+        if self.buffers == "elementwise":  # one vector of parameters then buffers, as the authors' state dicts
+            global_buffers = inputs.need("global_buffers").to(global_params)
+            global_params = torch.cat([global_params, global_buffers])
+            client_params = torch.cat([client_params, inputs.need("client_buffers").to(client_params)], dim=1)
         # ascending client id: the sequential moments depend on the order, which must not
         # depend on the order the loop happened to list this round's clients in
         order = torch.argsort(inputs.client_ids.to(client_params.device))
         clients = client_params[order]
         g = global_params - clients  # [K, P]; Alg. 2 line 6, no division by the local lr
         if self.m is None:
-            self.m, self.v = torch.zeros_like(global_params), torch.zeros_like(global_params)
+            # zeros for the parameters; a buffer's moments start at its value in the model (see the module doc)
+            start = torch.cat([torch.zeros(num_params).to(global_params), global_params[num_params:]])
+            self.m, self.v = start.clone(), start.clone()
         m, v = self.m.to(g), self.v.to(g)
         self.step += 1
         r = self.step
@@ -115,12 +132,17 @@ class EWWA(Aggregator):
         # = w - sum_k p_k * g_k (Alg. 2 line 14), since sum_k p_k = 1 per element; anchored
         # on a client so that identical clients (or a single one) come back bit-exact
         new = clients[0] + (p * (clients - clients[0])).sum(dim=0)
-        self.last_weights = torch.empty_like(p[:, 0]).index_copy_(0, order, p.mean(dim=1))
-        self.report(**weight_quantiles(p))
-        return new
+        p_params = p[:, :num_params]
+        self.last_weights = torch.empty_like(p[:, 0]).index_copy_(0, order, p_params.mean(dim=1))
+        if self.buffers == "elementwise":
+            self.last_buffer_weights = torch.empty_like(p[:, num_params:]).index_copy_(0, order, p[:, num_params:])
+        self.report(**weight_quantiles(p_params))
+        return new[:num_params]
 
     def buffer_weights(self, inputs: RoundInputs) -> Tensor:
-        """BatchNorm statistics are averaged with D = n_k / n (SPEC), not the element-wise weights."""
+        """BatchNorm statistics: averaged with D = n_k / n (SPEC's default), or [K, B] element-wise weights."""
+        if self.buffers == "elementwise":
+            return self.last_buffer_weights
         return sample_weights(inputs.num_samples)
 
     def state_dict(self) -> dict:

@@ -32,6 +32,7 @@ class Needs:
     server_samples: int = 0  # training samples the server holds out of every client (validation or proxy set)
     server_data: bool = False  # those samples and the model's structure, for a method that trains on them (FedLAW)
     local_steps: bool = False  # every participant's local steps [K], the round's local lr and the local solver
+    buffers: bool = False  # the global model's buffers (BatchNorm statistics) [B] and the participants' [K, B]
     client_half: Objective | None = None  # the method's client side: a term of the local loss, per-client state, payloads
 
     def __post_init__(self) -> None:
@@ -84,6 +85,8 @@ class RoundInputs:
     local_steps: Tensor | None = None  # [K] long, Needs.local_steps
     local_lr: float | None = None  # the clients' learning rate this round, Needs.local_steps
     local_solver: LocalSolver | None = None  # momentum, proximal term, ... of local SGD, Needs.local_steps
+    global_buffers: Tensor | None = None  # [B] float, Needs.buffers
+    client_buffers: Tensor | None = None  # [K, B] float, Needs.buffers
     payloads: dict[str, Tensor] = field(default_factory=dict)  # [K, ...] each, sent by Needs.client_half
 
     @property

@@ -92,5 +92,7 @@ class InputsProvider:
             local_steps=result.local_steps if needs.local_steps else None,
             local_lr=lr if needs.local_steps else None,
             local_solver=self.solver if needs.local_steps else None,
+            global_buffers=buffers if needs.buffers else None,
+            client_buffers=result.buffers if needs.buffers else None,
             payloads=result.payloads,
         )

@@ -33,7 +33,11 @@ log = logging.getLogger(__name__)
 
 
 def combine_buffers(buffers: Tensor, weights: Tensor) -> Tensor:
-    return weights.to(buffers.dtype) @ buffers if buffers.shape[1] else buffers[0]
+    """The new global buffers from the participants' [K, B] and weights [K], or [K, B] per element."""
+    if not buffers.shape[1]:
+        return buffers[0]
+    weights = weights.to(buffers.dtype)
+    return (weights * buffers).sum(dim=0) if weights.dim() == 2 else weights @ buffers
 
 
 class RoundLoop:
