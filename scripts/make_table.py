@@ -94,7 +94,8 @@ def table_spec(runs: list[dict], args) -> dict:
         name, _, path = item.partition("=")
         keys[name] = path
     spec["keys"] = keys
-    spec["metric"] = args.metric or spec.get("metric", "final_test_acc")
+    metric = args.metric or spec.get("metric", "final_test_acc")
+    spec["metric"] = METRIC_NAMES.get(metric, metric)
     spec.setdefault("percent", spec["metric"].endswith("_acc"))
     spec.setdefault("decimals", 2 if spec["percent"] else 0)
     if args.paper:
@@ -102,7 +103,12 @@ def table_spec(runs: list[dict], args) -> dict:
     return spec
 
 
+METRIC_NAMES = {"final": "final_test_acc", "best": "best_test_acc"}  # --metric final|best
+
+
 def load_paper(spec: dict) -> list[dict]:
+    """The paper's cells; a leading `# metric: KEY (why)` line says which summary.json key the
+    paper's numbers are (kept in spec["paper_metric"])."""
     path = spec.get("paper")
     if not path:
         return []
@@ -110,8 +116,16 @@ def load_paper(spec: dict) -> list[dict]:
     if not path.exists():
         print(f"warning: no paper numbers at {path}", file=sys.stderr)
         return []
+    rows, spec["paper_metric"] = read_paper(path)
+    return rows
+
+
+def read_paper(path: Path) -> tuple[list[dict], str | None]:
+    """A paper_results CSV: its cells, and its `# metric: KEY (why)` line without the prefix."""
     with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+        lines = f.read().splitlines()
+    metric = next((line.removeprefix("# metric:").strip() for line in lines if line.startswith("# metric:")), None)
+    return list(csv.DictReader(line for line in lines if not line.startswith("#"))), metric
 
 
 def number(text) -> float | None:
@@ -237,6 +251,11 @@ def notes(runs: list[dict], spec: dict, extra: set) -> list[str]:
     against = ", then (paper value, measured − paper)" if spec.get("has_paper") else ""
     out.append(f"Each cell: measured {what}, mean ± std over seeds ({', '.join(seeds)}){against}. "
                f"{CROSS}: every run diverged; {DASH}: not run or not reported.")
+    if spec.get("paper_metric"):
+        paper_key = spec["paper_metric"].split()[0]
+        same = "" if paper_key == spec["metric"] else (f" **This table shows {spec['metric']} instead**: "
+                                                      f"`--metric {paper_key}` compares like with like.")
+        out.append(f"The paper's numbers are {spec['paper_metric']}.{same}")
     if spec["metric"] == "rounds_to_target":
         targets = sorted({key_text(r.get("target_acc")) for r in runs})
         out.append(f"Rounds to reach the target accuracy ({', '.join(targets)}); N/A (x%): never reached, best accuracy x.")
@@ -252,7 +271,7 @@ def notes(runs: list[dict], spec: dict, extra: set) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a sweep folder (runs with summary.json below it)")
-    parser.add_argument("--metric", help="summary.json key to show (default: the table's, else final_test_acc)")
+    parser.add_argument("--metric", help="final, best or any summary.json key (default: the table's, else final_test_acc)")
     parser.add_argument("--paper", help="CSV of the paper's numbers (default: the table's)")
     parser.add_argument("--rows", nargs="+", help="cell keys of the rows (default: the table's)")
     parser.add_argument("--columns", nargs="+", help="cell keys of the columns (default: the table's)")

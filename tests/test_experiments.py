@@ -29,6 +29,9 @@ from omegaconf import OmegaConf, open_dict
 
 from conftest import CONF, ROOT
 
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_table  # noqa: E402  (a script, not a package module)
+
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack")
 # jobs of each whole table, seeds included: the grid of the paper's table x 3 seeds
 GRID = {
@@ -102,8 +105,7 @@ def test_every_table_has_its_file_and_the_papers_numbers():
         cfg, _ = compose_table(name)
         spec = cfg.table
         assert spec.name == name
-        with open(ROOT / spec.paper, newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows, _ = make_table.read_paper(ROOT / spec.paper)
         assert rows and set([*spec.rows, *spec.columns, "paper"]) <= set(rows[0]), name
         assert set([*spec.rows, *spec.columns]) <= set(spec["keys"]), name
 
@@ -174,8 +176,7 @@ def test_every_paper_cell_is_a_cell_of_the_sweep(name):
     cfg, hydra_cfg = compose_table(name)
     spec = cfg.table
     jobs = sweep(hydra_cfg)
-    with open(ROOT / spec.paper, newline="") as f:
-        paper = list(csv.DictReader(f))
+    paper, _ = make_table.read_paper(ROOT / spec.paper)
     for key in [*spec.rows, *spec.columns]:
         swept = override_key(spec["keys"][key])
         if jobs and swept in jobs[0]:
@@ -290,9 +291,6 @@ def test_table_runs_end_to_end_at_a_tiny_scale(name, tmp_path, monkeypatch, requ
         choices = {k: v for k, v in hcfg.runtime.choices.items() if k in RUN_GROUPS or k == "experiment"}
         summary = train(cfg, out / f"{i}", choices)
         assert summary["status"] in ("completed", "diverged"), (job, summary.get("error"))
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import make_table
-
     assert make_table.main([str(out)]) == 0
     table = (out / "table.md").read_text()
     assert f"Scaled runs (experiment_scale = {make_table.key_text(scale)})" in table

@@ -116,6 +116,31 @@ def test_make_table_unscaled_runs_carry_no_scaled_note_and_average_the_rows(tmp_
     assert "Scaled" not in out
 
 
+def test_the_papers_metric_is_named_and_final_or_best_picks_the_column(tmp_path, capsys):
+    paper = tmp_path / "toy.csv"
+    paper.write_text("# metric: best_test_acc  (the authors' code keeps the best round)\nmethod,dataset,paper\nfedavg,mnist,95\n")
+    spec = toy_spec(paper)
+    runs = tmp_path / "sweep"
+    for seed, (acc, best) in enumerate([(0.90, 0.94), (0.92, 0.96)]):
+        write_run(runs, f"{seed}", spec=spec, method="fedavg", dataset="mnist", seed=seed, acc=acc, best=best)
+    make_table.main([str(runs)])  # the table's own metric, final
+    out = capsys.readouterr().out
+    assert "| FedAvg | 91.00 ± 1.41 (95.00, -4.00) |" in out
+    assert ("The paper's numbers are best_test_acc  (the authors' code keeps the best round). **This table shows "
+            "final_test_acc instead**: `--metric best_test_acc` compares like with like.") in out
+    make_table.main([str(runs), "--metric", "best"])
+    out = capsys.readouterr().out
+    assert "| FedAvg | 95.00 ± 1.41 (95.00, +0.00) |" in out and "instead" not in out
+    assert "Each cell: measured best_test_acc (%)" in out
+
+
+def test_every_paper_csv_names_a_metric_its_table_can_show():
+    for path in sorted((ROOT / "paper_results").glob("*.csv")):
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# metric: "), path.name
+        assert first.split()[2] in ("final_test_acc", "best_test_acc", "rounds_to_target"), path.name
+
+
 def test_make_table_shows_rounds_to_target_and_never_reached_as_na_with_best_accuracy(tmp_path, capsys):
     paper = write_paper(tmp_path / "adp.csv", ["method", "dataset", "paper", "paper_best"],
                         [["fedavg", "mnist", "N/A", "94.48"], ["fedadp", "mnist", "61", ""]])
