@@ -23,6 +23,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import InterpolationKeyError
 
 from fedagg.data.partition_report import save_partition_report
 from fedagg.loop.assembly import Parts, assemble
@@ -91,6 +92,38 @@ def check_no_ignored_choice(cfg: DictConfig, choices: dict | None) -> None:
                          f"{' and '.join(pickers) or source}; pick the cell with those keys instead")
 
 
+def _leaves(node, path: str = ""):
+    """(dotted key, raw value) of every leaf of a plain container, interpolations unresolved."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{path}.{k}" if path else str(k))
+    elif not isinstance(node, list):
+        yield path, node
+
+
+def explain_missing_option(cfg: DictConfig, err: InterpolationKeyError, choices: dict) -> str:
+    """One line for an experiment key that picks an option its file does not define
+    (`method=nope` makes `${table.methods.${method}...}` point nowhere)."""
+    found = re.search(r"Interpolation key '([\w.]+)' not found", str(err))
+    if not found:
+        return str(err)
+    path = found.group(1).split(".")
+    for depth in range(len(path) - 1, 0, -1):
+        parent = OmegaConf.select(cfg, ".".join(path[:depth]), throw_on_resolution_failure=False)
+        if isinstance(parent, DictConfig):
+            break
+    else:
+        return str(err)
+    missing, options = path[depth], ", ".join(map(str, parent.keys()))
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    pickers = [k for k, v in _leaves(raw) if str(v) == missing and not k.startswith(("table.", "hydra."))]
+    pickers += [k for k, v in _leaves(raw) if str(v) == missing and k.startswith("table.") and k not in pickers]
+    pickers += [group for group, chosen in choices.items() if str(chosen) == missing]  # dataset=cifar10
+    if pickers:
+        return f"{pickers[0]}={missing!r} is not allowed here; choose one of {options}"
+    return f"{err.full_key} cannot be set: {'.'.join(path[:depth])} has no {missing!r} (it has {options})"
+
+
 def _read_summary(run_dir: Path) -> dict | None:
     path = run_dir / "summary.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -123,7 +156,10 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, ove
 
 
 def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], concurrent_jobs: int) -> dict:
-    config = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationKeyError as err:
+        raise SetupError(explain_missing_option(cfg, err, choices)) from None
     summary_base = {"seed": cfg.seed, "choices": choices, "overrides": overrides, "config": config,
                     "experiment_scale": cfg.experiment_scale}
     previous = _read_summary(run_dir)

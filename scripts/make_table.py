@@ -30,6 +30,7 @@ import json
 import math
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,6 +252,13 @@ def notes(runs: list[dict], spec: dict, extra: set) -> list[str]:
     against = ", then (paper value, measured − paper)" if spec.get("has_paper") else ""
     out.append(f"Each cell: measured {what}, mean ± std over seeds ({', '.join(seeds)}){against}. "
                f"{CROSS}: every run diverged; {DASH}: not run or not reported.")
+    profiles = Counter(str(((r.get("config") or {}).get("table") or {}).get("profile")) for r in runs)
+    profiles.pop("None", None)
+    if len(profiles) == 1:
+        out.append(f"Settings profile: {next(iter(profiles))} (`table.profile`; the experiment file names each setting's source).")
+    elif profiles:
+        listed = ", ".join(f"{name} ({n} runs)" for name, n in sorted(profiles.items()))
+        out.append(f"**Runs of several settings profiles are pooled here**: {listed}; table one profile at a time.")
     if spec.get("paper_metric"):
         paper_key = spec["paper_metric"].split()[0]
         same = "" if paper_key == spec["metric"] else (f" **This table shows {spec['metric']} instead**: "

@@ -171,6 +171,43 @@ def test_a_group_the_table_replaces_is_refused_naming_the_key_that_picks_it(name
     assert not (tmp_path / "config.yaml").exists()  # refused before anything ran
 
 
+@pytest.mark.parametrize("name, override, message", [
+    ("ewwa_table2", "table.profile=foo", "table.profile='foo' is not allowed here; choose one of code, paper"),
+    ("ewwa_table1", "method=nope", "method='nope' is not allowed here; choose one of fedavg, fedams, fedcams, "),
+    ("fedadp_table1", "dataset=cifar10", "dataset='cifar10' is not allowed here; choose one of mnist, fmnist"),
+])
+def test_a_key_picking_an_option_the_file_lacks_is_one_line(name, override, message, tmp_path):
+    from fedagg.run import RECORDED_CHOICES, SetupError, train
+
+    cfg, hydra_cfg = compose_table(name, override)
+    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in RECORDED_CHOICES}
+    with pytest.raises(SetupError) as err:
+        train(cfg, tmp_path, choices)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert not (tmp_path / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("profile, expected", [
+    ("code", dict(nesterov=True, weight_decay=1e-4, schedule="multistep", keep_optimizer_state=True, mean=[0.0],
+                  buffers="elementwise", metric="best_test_acc", eval_every=1)),
+    ("paper", dict(nesterov=False, weight_decay=0.0, schedule="constant", keep_optimizer_state=False, mean=[0.1307],
+                   buffers="samples", metric="final_test_acc", eval_every=10)),
+])
+def test_ewwa_profiles_set_what_the_code_and_the_text_say(profile, expected):
+    cfg, _ = compose_table("ewwa_table2", "method=ewwa_adam", "column=lenet_mnist", f"table.profile={profile}")
+    got = dict(nesterov=cfg.client.nesterov, weight_decay=cfg.client.weight_decay, schedule=cfg.client.schedule,
+               keep_optimizer_state=cfg.client.keep_optimizer_state, mean=list(cfg.dataset.mean),
+               buffers=cfg.aggregator.buffers, metric=cfg.table.metric, eval_every=cfg.eval_every)
+    assert got == expected
+    assert (cfg.client.local_epochs, cfg.client.lr, cfg.client.momentum, cfg.client.batch_size) == (1, 0.01, 0.9, 64)
+    # the code's MultiStepLR at R//3 and 2(R//3): 0.01 up to round 166, 0.001 to 332, then 1e-4 (R = 500)
+    trainer = instantiate(cfg.client)
+    assert [trainer.lr_at(r, 500) for r in (166, 167, 332, 333)] == pytest.approx(
+        [0.01, 0.001, 0.001, 0.0001] if profile == "code" else [0.01] * 4)
+    assert [trainer.lr_at(r, 100) for r in (33, 34, 66, 67)] == pytest.approx(
+        [0.01, 0.001, 0.001, 0.0001] if profile == "code" else [0.01] * 4)
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_paper_cell_is_a_cell_of_the_sweep(name):
     cfg, hydra_cfg = compose_table(name)

@@ -134,6 +134,17 @@ def test_the_papers_metric_is_named_and_final_or_best_picks_the_column(tmp_path,
     assert "Each cell: measured best_test_acc (%)" in out
 
 
+def test_the_settings_profile_is_named_and_a_mix_is_flagged(tmp_path, capsys):
+    paper = write_paper(tmp_path / "toy.csv", ["method", "dataset", "paper"], [["fedavg", "mnist", "90"]])
+    runs = tmp_path / "sweep"
+    write_run(runs, "a", spec=toy_spec(paper, profile="code"), method="fedavg", dataset="mnist", seed=0, acc=0.9)
+    make_table.main([str(runs)])
+    assert "Settings profile: code (`table.profile`" in capsys.readouterr().out
+    write_run(runs, "b", spec=toy_spec(paper, profile="paper"), method="fedavg", dataset="mnist", seed=1, acc=0.8)
+    make_table.main([str(runs)])
+    assert "**Runs of several settings profiles are pooled here**: code (1 runs), paper (1 runs)" in capsys.readouterr().out
+
+
 def test_every_paper_csv_names_a_metric_its_table_can_show():
     for path in sorted((ROOT / "paper_results").glob("*.csv")):
         first = path.read_text().splitlines()[0]
