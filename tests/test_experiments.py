@@ -208,6 +208,19 @@ def test_ewwa_profiles_set_what_the_code_and_the_text_say(profile, expected):
         [0.01, 0.001, 0.001, 0.0001] if profile == "code" else [0.01] * 4)
 
 
+@pytest.mark.parametrize("name", ["fedawa_table1", "fedawa_table3", "fedawa_table5"])
+@pytest.mark.parametrize("profile, rounds, val_frac, kept, mu, adam", [
+    ("code", 300, 0.3, True, 0.001, (1.0, 1e-5)),
+    ("paper", 200, None, False, 0.01, (0.01, 1e-3)),
+])
+def test_fedawa_profiles_set_what_the_code_and_the_text_say(name, profile, rounds, val_frac, kept, mu, adam):
+    cfg, _ = compose_table(name, "method=fedprox", f"table.profile={profile}")
+    assert (cfg.rounds, cfg.client.val_frac, cfg.client.keep_optimizer_state, cfg.client.objective.mu) == (rounds, val_frac, kept, mu)
+    assert cfg.dataset.augment is False and (cfg.client.lr, cfg.client.batch_size, cfg.num_clients) == (0.08, 128, 20)
+    cfg, _ = compose_table(name, "method=fedadam", f"table.profile={profile}")
+    assert (cfg.aggregator.lr, cfg.aggregator.tau) == adam
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_paper_cell_is_a_cell_of_the_sweep(name):
     cfg, hydra_cfg = compose_table(name)
