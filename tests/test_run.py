@@ -21,6 +21,7 @@ def _rows(path):
 def test_two_round_run_writes_all_result_files(tmp_path, small_run):
     cfg = compose_config(*small_run)
     summary = train(cfg, tmp_path, choices={"aggregator": "fedavg"})
+    assert summary == json.loads((tmp_path / "summary.json").read_text())  # what train returns is what it wrote
     for name in ("metrics.csv", "summary.json", "partition.json", "partition.png", "config.yaml", "model.pt"):
         assert (tmp_path / name).exists(), name
     rows = _rows(tmp_path / "metrics.csv")
