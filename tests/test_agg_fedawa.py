@@ -142,6 +142,9 @@ def test_gamma_scales_the_new_global_and_nothing_else():
     assert np.allclose(b.numpy(), 0.9 * (lam @ np64(CLIENTS)), atol=1e-6)
     assert torch.allclose(b, 0.9 * a, atol=1e-7) and torch.equal(plain.last_weights, scaled.last_weights)
     assert all(torch.equal(plain.logits[i], scaled.logits[i]) for i in range(3))
+    inputs = RoundInputs.of(W, CLIENTS, num_samples=SAMPLES, client_ids=IDS)  # the BatchNorm statistics scale too
+    assert np.allclose(scaled.buffer_weights(inputs).numpy(), 0.9 * lam, atol=1e-7)
+    assert torch.equal(plain.buffer_weights(inputs), plain.last_weights)
 
 
 def test_state_round_trip_is_bit_identical():

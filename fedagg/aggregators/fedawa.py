@@ -130,8 +130,12 @@ class FedAWA(Aggregator):
         for l, s in enumerate(layers):
             new[s] = lam[:, l] @ client_params[:, s] / lam[:, l].sum()  # Σ λ_k W_k / Σ λ_k, per layer
         if self.gamma != 1.0:
-            new *= self.gamma  # the authors' code's `gamma` ("vector_scale"), 1 there by default
+            new *= self.gamma  # the authors' code's `gamma` ("vector_scale"), 1 there by default; buffers too
         return new
+
+    def buffer_weights(self, inputs: RoundInputs) -> Tensor:
+        """λ, scaled by `gamma` as the authors' code scales every entry of the state, statistics included."""
+        return self.gamma * self.last_weights
 
     def optimizer(self, T: Tensor) -> torch.optim.Optimizer:
         if self.server_optimizer == "sgd":
