@@ -345,8 +345,8 @@ def test_table_runs_end_to_end_at_a_tiny_scale(name, tmp_path, monkeypatch, requ
         choices = {k: v for k, v in hcfg.runtime.choices.items() if k in RUN_GROUPS or k == "experiment"}
         summary = train(cfg, out / f"{i}", choices)
         assert summary["status"] in ("completed", "diverged"), (job, summary.get("error"))
-        for name in ("checkpoint.pt", "checkpoint.prev.pt", "model.pt"):  # make_table reads summary.json only;
-            (out / f"{i}" / name).unlink(missing_ok=True)  # 20 clients' kept ResNet-18 momentum is ~0.9 GB a cell
+        for leftover in ("checkpoint.pt", "checkpoint.prev.pt", "model.pt"):  # make_table reads summary.json only;
+            (out / f"{i}" / leftover).unlink(missing_ok=True)  # 20 clients' kept ResNet-18 momentum: ~0.9 GB a cell
     assert make_table.main([str(out)]) == 0
     table = (out / "table.md").read_text()
     assert f"Scaled runs (experiment_scale = {make_table.key_text(scale)})" in table
