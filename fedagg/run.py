@@ -115,10 +115,10 @@ def explain_missing_option(cfg: DictConfig, err: InterpolationKeyError, choices:
     else:
         return str(err)
     missing, options = path[depth], ", ".join(map(str, parent.keys()))
-    raw = OmegaConf.to_container(cfg, resolve=False)
-    pickers = [k for k, v in _leaves(raw) if str(v) == missing and not k.startswith(("table.", "hydra."))]
-    pickers += [k for k, v in _leaves(raw) if str(v) == missing and k.startswith("table.") and k not in pickers]
-    pickers += [group for group, chosen in choices.items() if str(chosen) == missing]  # dataset=cifar10
+    # the key holding that value picked it: a top-level one (method=...) before table.* (table.profile=...),
+    # then a group chosen on the command line (dataset=cifar10)
+    held = [k for k, v in _leaves(OmegaConf.to_container(cfg, resolve=False)) if str(v) == missing and not k.startswith("hydra.")]
+    pickers = sorted(held, key=lambda k: k.startswith("table.")) + [g for g, c in choices.items() if str(c) == missing]
     if pickers:
         return f"{pickers[0]}={missing!r} is not allowed here; choose one of {options}"
     return f"{err.full_key} cannot be set: {'.'.join(path[:depth])} has no {missing!r} (it has {options})"
