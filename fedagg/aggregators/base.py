@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedagg.aggregators.blocks import weighted_update
 from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
 
 WEIGHTINGS = ("samples", "uniform")
@@ -60,7 +61,7 @@ class Aggregator:
         """The new global parameters [P]."""
         weights = self.client_weights(inputs).to(inputs.client_params.dtype)
         self.last_weights = weights
-        update = weights @ (inputs.client_params - inputs.global_params)
+        update = weighted_update(weights, inputs.client_params, inputs.global_params, inputs.block_rows)
         return self.server_update(inputs, update)
 
     def buffer_weights(self, inputs: RoundInputs) -> Tensor:

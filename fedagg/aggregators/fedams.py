@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.fedopt import FedAdam
+from fedagg.aggregators.blocks import row_blocks
 from fedagg.aggregators.inputs import RoundInputs
 
 COMPRESSORS = ("sign", "topk")
@@ -92,15 +93,20 @@ class FedCAMS(FedAMS):
         weights = self.client_weights(inputs).to(client_params.dtype)
         self.last_weights = weights
         ids = [int(i) for i in inputs.client_ids.tolist()]
-        errors = torch.stack([self.errors[i].to(global_params.device) if i in self.errors
-                              else torch.zeros_like(global_params) for i in ids])
-        corrected = client_params - global_params + errors  # Delta_k + e_k
-        sent = self.compress(corrected)  # c_k = C(Delta_k + e_k) (Alg. 2, client)
-        residual = corrected - sent  # e_k <- Delta_k + e_k - c_k (Alg. 2, client)
-        for i, e in zip(ids, residual):
-            self.errors[i] = e.to("cpu", copy=True)  # on the host, own storage (a row view would keep [K, P] alive)
-        self.report(error_norm=float(torch.linalg.vector_norm(residual, dim=1).mean()))  # what compression held back
-        return self.server_update(inputs, weights @ sent)  # FedAMS on sum_k p_k c_k
+        update, norms = None, []
+        for rows in row_blocks(len(ids), inputs.block_rows):  # each client's compression is its own: a block of rows
+            errors = torch.stack([self.errors[i].to(global_params.device) if i in self.errors
+                                  else torch.zeros_like(global_params) for i in ids[rows]])
+            corrected = client_params[rows] - global_params + errors  # Delta_k + e_k
+            sent = self.compress(corrected)  # c_k = C(Delta_k + e_k) (Alg. 2, client)
+            residual = corrected - sent  # e_k <- Delta_k + e_k - c_k (Alg. 2, client)
+            for i, e in zip(ids[rows], residual):
+                self.errors[i] = e.to("cpu", copy=True)  # on the host, own storage (a row view would keep it alive)
+            norms.append(torch.linalg.vector_norm(residual, dim=1))
+            part = weights[rows] @ sent
+            update = part if update is None else update + part
+        self.report(error_norm=float(torch.cat(norms).mean()))  # what compression held back
+        return self.server_update(inputs, update)  # FedAMS on sum_k p_k c_k
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "errors": {i: e.clone() for i, e in self.errors.items()}}

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.blocks import update_norms
 from fedagg.aggregators.inputs import RoundInputs
 
 EVALUATE = ("last_two", "global")
@@ -30,9 +31,8 @@ class FedExP(Aggregator):
         self.previous: Tensor | None = None  # this round's starting model, for the tested mean
 
     def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
-        deltas = inputs.client_params - inputs.global_params
         k = inputs.num_clients
-        spread = torch.linalg.vector_norm(deltas, dim=1).pow(2).sum()  # Σ_k ‖Δ_k‖²
+        spread = update_norms(inputs.client_params, inputs.global_params, inputs.block_rows).pow(2).sum()  # Σ_k ‖Δ_k‖²
         lr = torch.clamp(spread / (2 * k * (update.pow(2).sum() + self.eps)), min=1.0)
         self.report(server_lr=float(lr))
         self.previous = inputs.global_params

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.aggregators.blocks import weighted_update
 from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
 from fedagg.clients.trainer import LocalSolver
 
@@ -63,4 +64,4 @@ class FedNova(Aggregator):
         q = (p * ratio).to(inputs.client_params.dtype)  # [K] effective weights, summing to τ_eff Σ p_k / a_k
         self.last_weights = q / q.sum()
         self.report(tau_eff=float((p * a).sum() / p.sum()), step_scale=float(q.sum()))
-        return inputs.global_params + q @ (inputs.client_params - inputs.global_params)
+        return inputs.global_params + weighted_update(q, inputs.client_params, inputs.global_params, inputs.block_rows)

@@ -88,6 +88,8 @@ class RoundInputs:
     global_buffers: Tensor | None = None  # [B] float, Needs.buffers
     client_buffers: Tensor | None = None  # [K, B] float, Needs.buffers
     payloads: dict[str, Tensor] = field(default_factory=dict)  # [K, ...] each, sent by Needs.client_half
+    # a round-wide temporary may hold block_rows clients' worth of parameters (fedagg.aggregators.blocks); None: all K
+    block_rows: int | None = None
 
     @property
     def num_clients(self) -> int:

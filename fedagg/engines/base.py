@@ -62,6 +62,12 @@ class Engine:
     def check(self, trainer: LocalSGD) -> None:
         """Refuse, before any training, local training this engine cannot run as defined."""
 
+    @property
+    def clients_in_memory(self) -> int:
+        """How many clients' models training holds at once; the aggregator's round-wide temporaries
+        are cut to the same size (`RoundInputs.block_rows`)."""
+        return 1
+
     def train_round(self, job: RoundJob) -> RoundResult:
         raise NotImplementedError
 

@@ -39,6 +39,10 @@ class ParallelEngine(Engine):
         self.precision, self.channels_last, self.compile = precision, bool(channels_last), bool(compile)
         self._model: nn.Module | None = None
 
+    @property
+    def clients_in_memory(self) -> int:
+        return self.chunk_size
+
     def check(self, trainer: LocalSGD) -> None:
         if not trainer.stackable:
             raise ValueError(f"engine=parallel cannot stack client objective {type(trainer.objective).__name__} "

@@ -17,20 +17,24 @@ from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params,
 class SequentialEngine(Engine):
     def train_round(self, job: RoundJob) -> RoundResult:
         """Train `job.clients` from the global weights; score each on `job.val_indices[k]` when given."""
-        params, buffers, losses, accs, payloads = [], [], [], [], []
-        for k, client in enumerate(job.clients):
+        k_all = len(job.clients)
+        # filled a row at a time: a list of K vectors stacked at the end would hold the round's models twice
+        params = job.global_params.new_empty(k_all, job.global_params.numel())
+        buffers = job.global_buffers.new_empty(k_all, job.global_buffers.numel())
+        losses, accs, payloads = [], [], []
+        for k in range(k_all):
             set_params(job.model, job.global_params)
             set_buffers(job.model, job.global_buffers)
             loss, payload = self._train_client(job, k)
             losses.append(loss)
             payloads.append(payload)
-            params.append(get_params(job.model))
-            buffers.append(get_buffers(job.model))
+            params[k] = get_params(job.model)
+            buffers[k] = get_buffers(job.model)
             if job.val_indices is not None:
                 accs.append(score_model(job.model, job.data, job.val_indices[k], self.eval_batch_size))
         return RoundResult(
-            params=torch.stack(params),
-            buffers=torch.stack(buffers),
+            params=params,
+            buffers=buffers,
             train_loss=torch.cat(losses),
             val_acc=torch.cat(accs) if job.val_indices is not None else None,
             local_steps=local_steps(job),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedagg.aggregators.blocks import update_norms
+
 
 def weight_spread(weights: Tensor) -> dict[str, float]:
     """min, max and entropy (nats; 0 log 0 = 0) of the per-client weights."""
@@ -18,8 +20,9 @@ def weight_spread(weights: Tensor) -> dict[str, float]:
     return {"weight_min": float(w.min()), "weight_max": float(w.max()), "weight_entropy": float(entropy)}
 
 
-def round_diagnostics(old: Tensor, new: Tensor, client_params: Tensor, weights: Tensor) -> dict[str, float]:
-    client_norms = torch.linalg.vector_norm(client_params - old, dim=1)
+def round_diagnostics(old: Tensor, new: Tensor, client_params: Tensor, weights: Tensor,
+                      block_rows: int | None = None) -> dict[str, float]:
+    client_norms = update_norms(client_params, old, block_rows)
     return {
         "update_norm": float(torch.linalg.vector_norm(new - old)),
         "client_update_norm": float(weights.to(client_norms.dtype) @ client_norms),

@@ -33,8 +33,9 @@ def check_needs(needs: Needs, clients: list[ClientData], server_idx: Tensor, val
 
 class InputsProvider:
     def __init__(self, needs: Needs, *, data, model: nn.Module, clients: list[ClientData], server_idx: Tensor,
-                 solver: LocalSolver, seed: int) -> None:
+                 solver: LocalSolver, seed: int, block_rows: int | None = None) -> None:
         self.needs, self.data, self.model, self.clients, self.solver = needs, data, model, clients, solver
+        self.block_rows = block_rows
         self.seed = seed
         self.server_idx = server_idx
         self.layout = ParamLayout.of(model)
@@ -95,4 +96,5 @@ class InputsProvider:
             global_buffers=buffers if needs.buffers else None,
             client_buffers=result.buffers if needs.buffers else None,
             payloads=result.payloads,
+            block_rows=self.block_rows,
         )

@@ -45,7 +45,8 @@ class RoundLoop:
         self.fed, self.settings, self.run_dir = fed, settings, Path(run_dir)
         self.device = fed.data.device
         self.provider = InputsProvider(fed.aggregator.needs, data=fed.data, model=fed.model, clients=fed.clients,
-                                       server_idx=fed.server_idx, solver=fed.trainer.solver(), seed=settings.seed)
+                                       server_idx=fed.server_idx, solver=fed.trainer.solver(), seed=settings.seed,
+                                       block_rows=fed.engine.clients_in_memory)
         self.params, self.buffers = get_params(fed.model), get_buffers(fed.model)
         self.metrics, self.weights_log = CSVLog(self.run_dir / "metrics.csv"), CSVLog(self.run_dir / "weights.csv")
         self.clients_log = CSVLog(self.run_dir / "clients.csv")  # per-client accuracy, with eval.per_client
@@ -100,7 +101,8 @@ class RoundLoop:
         data_weights = sample_weights(inputs.num_samples)
         weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
-               **round_diagnostics(self.params, new_params, result.params, weights), "lr": lr, "clients": len(chosen),
+               **round_diagnostics(self.params, new_params, result.params, weights, inputs.block_rows),
+               "lr": lr, "clients": len(chosen),
                **{f"agg_{k}": v for k, v in fed.aggregator.take_diagnostics().items()}}
         self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t)}
                                 for i, w, n, t in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
