@@ -286,7 +286,8 @@ def main(argv=None) -> None:
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     p.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--chunk-size", type=int, default=64, help="engine.chunk_size of the parallel engine")
+    p.add_argument("--chunk-size", type=lambda v: v if v == "auto" else int(v), default="auto",
+                   help="engine.chunk_size of the parallel engine: auto (the default) or a number")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--compile", action="store_true", help="engine.compile=true (torch.compile)")
     p.add_argument("--channels-last", action="store_true", help="engine.channels_last=true")

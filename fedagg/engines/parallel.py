@@ -12,6 +12,7 @@ reproduces `SequentialEngine` to float tolerance: the reference it is tested aga
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 from torch import Tensor, nn
@@ -22,26 +23,38 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.clients.validation import ValidationPlan
 from fedagg.engines._packed import pack
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
+from fedagg.engines.memory import CPU_CHUNK, auto_chunk_size
 from fedagg.models.flat import unflatten
 
 PRECISIONS = ("fp32", "bf16")
+log = logging.getLogger(__name__)
 
 
 class ParallelEngine(Engine):
-    def __init__(self, eval_batch_size: int = 1024, chunk_size: int = 64, precision: str = "fp32",
+    def __init__(self, eval_batch_size: int = 1024, chunk_size: int | str = "auto", precision: str = "fp32",
                  channels_last: bool = False, compile: bool = False) -> None:
         super().__init__(eval_batch_size)
-        if chunk_size < 1:
-            raise ValueError(f"engine.chunk_size={chunk_size!r} is not allowed; it must be >= 1")
+        if chunk_size != "auto" and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+            raise ValueError(f"engine.chunk_size={chunk_size!r} is not allowed; use auto or an integer >= 1")
         if precision not in PRECISIONS:
             raise ValueError(f"engine.precision={precision!r} is not allowed; choose one of {', '.join(PRECISIONS)}")
-        self.chunk_size = int(chunk_size)
+        self.chunk_size: int | str = chunk_size  # "auto" until the first round resolves it (engines/memory.py)
         self.precision, self.channels_last, self.compile = precision, bool(channels_last), bool(compile)
         self._model: nn.Module | None = None
 
     @property
     def clients_in_memory(self) -> int:
-        return self.chunk_size
+        return CPU_CHUNK if self.chunk_size == "auto" else self.chunk_size
+
+    def _resolve_chunk_size(self, job: RoundJob) -> None:
+        """`auto`: as many clients as the device holds (engines/memory.py), chosen once, at the first round."""
+        if self.chunk_size != "auto":
+            return
+        data = job.data
+        sample = data.prepare(data.train_x[:1])[0]
+        resident = sum(t.numel() * t.element_size() for t in (data.train_x, data.train_y, data.test_x, data.test_y))
+        self.chunk_size = auto_chunk_size(job.model, sample, job.trainer.batch_size, len(job.clients), resident)
+        log.info("engine.chunk_size=auto: %d clients at once on %s", self.chunk_size, sample.device)
 
     def check(self, trainer: LocalSGD) -> None:
         if not trainer.stackable:
@@ -91,6 +104,7 @@ class ParallelEngine(Engine):
     def train_round(self, job: RoundJob) -> RoundResult:
         """Train `job.clients` from the global weights; score each on `job.val_indices[k]` when given."""
         self._prepare_model(job.model)
+        self._resolve_chunk_size(job)
         self._trainer = job.trainer  # read by the vmapped loss
         clients, val_indices = job.clients, job.val_indices
         steps = job.steps()

@@ -33,9 +33,8 @@ def check_needs(needs: Needs, clients: list[ClientData], server_idx: Tensor, val
 
 class InputsProvider:
     def __init__(self, needs: Needs, *, data, model: nn.Module, clients: list[ClientData], server_idx: Tensor,
-                 solver: LocalSolver, seed: int, block_rows: int | None = None) -> None:
+                 solver: LocalSolver, seed: int) -> None:
         self.needs, self.data, self.model, self.clients, self.solver = needs, data, model, clients, solver
-        self.block_rows = block_rows
         self.seed = seed
         self.server_idx = server_idx
         self.layout = ParamLayout.of(model)
@@ -74,7 +73,7 @@ class InputsProvider:
         return ServerData(x=self.server_x, y=self.data.train_y[self.server_idx], model=self.model, buffers=copies)
 
     def inputs(self, params: Tensor, buffers: Tensor, result: RoundResult, ids: list[int], round: int,
-               lr: float) -> RoundInputs:
+               lr: float, block_rows: int | None = None) -> RoundInputs:
         needs = self.needs
         hist = self.label_hist
         return RoundInputs(
@@ -96,5 +95,5 @@ class InputsProvider:
             global_buffers=buffers if needs.buffers else None,
             client_buffers=result.buffers if needs.buffers else None,
             payloads=result.payloads,
-            block_rows=self.block_rows,
+            block_rows=block_rows,
         )

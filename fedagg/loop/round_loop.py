@@ -45,8 +45,7 @@ class RoundLoop:
         self.fed, self.settings, self.run_dir = fed, settings, Path(run_dir)
         self.device = fed.data.device
         self.provider = InputsProvider(fed.aggregator.needs, data=fed.data, model=fed.model, clients=fed.clients,
-                                       server_idx=fed.server_idx, solver=fed.trainer.solver(), seed=settings.seed,
-                                       block_rows=fed.engine.clients_in_memory)
+                                       server_idx=fed.server_idx, solver=fed.trainer.solver(), seed=settings.seed)
         self.params, self.buffers = get_params(fed.model), get_buffers(fed.model)
         self.metrics, self.weights_log = CSVLog(self.run_dir / "metrics.csv"), CSVLog(self.run_dir / "weights.csv")
         self.clients_log = CSVLog(self.run_dir / "clients.csv")  # per-client accuracy, with eval.per_client
@@ -96,7 +95,7 @@ class RoundLoop:
             fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=seed, round=r,
             val_indices=self.provider.val_indices(chosen), budgets=budgets))
         self.attack(r, ids, result)
-        inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr)
+        inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr, fed.engine.clients_in_memory)
         new_params = fed.aggregator.aggregate(inputs)
         data_weights = sample_weights(inputs.num_samples)
         weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights

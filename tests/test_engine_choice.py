@@ -1,0 +1,73 @@
+"""engine=auto and chunk_size=auto: which engine runs where, and how many clients a chunk holds."""
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from conftest import compose_config
+from fedagg.engines import auto, memory
+from fedagg.engines.parallel import ParallelEngine
+from fedagg.engines.sequential import SequentialEngine
+from fedagg.models.cnns import CNNSmall
+from fedagg.models.simple import MLP
+
+
+def test_the_default_engine_is_sequential_on_the_cpu_and_parallel_on_a_gpu(monkeypatch):
+    cfg = compose_config("device=cpu")
+    assert type(instantiate(cfg.engine)) is SequentialEngine
+    monkeypatch.setattr(auto, "resolve_device", lambda name: torch.device("cuda"))
+    engine = instantiate(compose_config("engine.precision=bf16", "engine.chunk_size=7").engine)
+    assert type(engine) is ParallelEngine
+    assert (engine.precision, engine.chunk_size, engine.clients_in_memory) == ("bf16", 7, 7)
+
+
+@pytest.mark.parametrize("key, value", [("precision", "bf16"), ("channels_last", True), ("compile", True)])
+def test_auto_on_the_cpu_refuses_what_only_the_parallel_engine_does(key, value):
+    with pytest.raises(ValueError, match=rf"engine\.{key}=.*engine=parallel"):
+        auto.auto_engine("cpu", **{key: value})
+
+
+def test_auto_asks_for_cuda_only_where_there_is_one():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="device='cuda'"):
+        auto.auto_engine("cuda")
+
+
+@pytest.mark.parametrize("bad", [0, -3, "many", 2.5, True])
+def test_chunk_size_is_auto_or_a_positive_integer(bad):
+    with pytest.raises(ValueError, match=r"engine\.chunk_size=.*auto or an integer >= 1"):
+        ParallelEngine(chunk_size=bad)
+
+
+def test_activation_floats_counts_every_layers_output_for_one_sample():
+    model = MLP(num_classes=10, in_channels=1, image_size=8, hidden=64)
+    # Flatten 64, Linear 64, ReLU 64, Linear 10
+    assert memory.activation_floats(model, torch.zeros(1, 8, 8)) == 64 + 64 + 64 + 10
+
+
+def test_the_probe_changes_no_statistics_and_keeps_the_training_mode():
+    torch.manual_seed(0)
+    model = CNNSmall(num_classes=10, in_channels=3, image_size=32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    n = memory.activation_floats(model, torch.randn(3, 32, 32))
+    assert n > 3 * 32 * 32 and model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_chunk_for_divides_the_devices_share_by_one_clients_cost():
+    gib = 1 << 30
+    # ResNet-18-sized: 11.2 M parameters, 2.5 M activation floats a sample, batches of 64, 20 clients
+    per_client = 4 * (5 * 11_200_000 + 3 * 64 * 2_500_000)
+    budget = 0.8 * 80 * gib - 2 * gib - 4 * 20 * 11_200_000
+    assert memory.chunk_for(80 * gib, 2 * gib, 20, 11_200_000, 2_500_000, 64) == int(budget // per_client) == 30
+    assert memory.chunk_for(80 * gib, 0, 10, 50_000, 200, 10) == memory.MAX_CHUNK  # tiny models: capped
+    assert memory.chunk_for(gib, 2 * gib, 10, 50_000, 200, 10) == 1  # nothing left: one at a time
+
+
+def test_auto_is_64_on_the_cpu_and_resolves_at_the_first_round():
+    model = MLP(num_classes=10, in_channels=1, image_size=8)
+    assert memory.auto_chunk_size(model, torch.zeros(1, 8, 8), 32, 500, 0) == memory.CPU_CHUNK == 64
+    engine = ParallelEngine()
+    assert engine.chunk_size == "auto" and engine.clients_in_memory == 64
