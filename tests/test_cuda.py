@@ -11,6 +11,7 @@ from conftest import compose_config
 from fedagg.data.device import DeviceData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.engines.base import RoundJob
+from fedagg.engines import memory
 from fedagg.engines.parallel import ParallelEngine
 from fedagg.engines.sequential import SequentialEngine
 from fedagg.models.flat import get_buffers, get_params
@@ -30,6 +31,21 @@ def _rows(path):
 def test_a_run_on_the_gpu(tmp_path, engine):
     summary = train(compose_config("rounds=3", "device=cuda", f"engine={engine}"), tmp_path)
     assert summary["status"] == "completed" and summary["device"] == "cuda" and summary["final_test_acc"] > 0.5
+
+
+def test_auto_runs_the_parallel_engine_with_a_chunk_from_gpu_memory():
+    from conftest import compose_config as cc
+    from hydra.utils import instantiate
+
+    from fedagg.models.resnet_imagenet import ResNet18
+
+    engine = instantiate(cc("device=cuda").engine)
+    assert type(engine) is ParallelEngine and engine.chunk_size == "auto"
+    model = ResNet18(num_classes=200, in_channels=3, image_size=64).cuda()
+    sample = torch.randn(3, 64, 64, device="cuda")
+    small = memory.auto_chunk_size(model, sample, 64, 20, 0)
+    tiny = memory.auto_chunk_size(model, sample, 8, 20, 0)
+    assert 1 <= small < tiny <= memory.MAX_CHUNK  # smaller batches: more clients at once
 
 
 @pytest.mark.parametrize("case", ["mlp", "cnn", "resnet20"])
@@ -108,3 +124,24 @@ def test_a_gpu_checkpoint_resumes_on_the_gpu_and_is_refused_on_the_cpu(tmp_path)
         train(compose_config(*overrides, "device=cpu", "resume=true"), run)
     resumed = train(compose_config(*overrides, "device=cuda", "resume=true"), run)
     assert resumed["final_test_acc"] == reference["final_test_acc"]
+
+
+def test_validation_batches_and_fedlaw_epochs_need_no_host_sync():
+    from fedagg.aggregators.fedlaw import FedLAW
+    from fedagg.clients.validation import ValidationPlan
+
+    vals = [torch.arange(3, device="cuda"), torch.arange(50, 57, device="cuda")]
+    plan = ValidationPlan(vals, batch_size=4)
+    labels = torch.arange(60, device="cuda") % 3
+    correct = torch.zeros(2, dtype=torch.long, device="cuda")
+    epochs = FedLAW(server_epochs=5, server_batch_size=8).batches(30, torch.Generator().manual_seed(1), "cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for idx, real in plan:
+            logits = torch.nn.functional.one_hot(labels[idx], 3).float()
+            correct += plan.correct(logits, labels[idx], real)
+        acc = plan.accuracy(correct)
+        sizes = [b.shape for e in epochs for b in e]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert acc.tolist() == [1.0, 1.0] and len(sizes) == 5 * 4

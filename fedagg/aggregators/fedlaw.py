@@ -77,13 +77,14 @@ class FedLAW(Aggregator):
             raise _bad("init_weights", init_weights, f"choose one of {', '.join(INITS)}")
         self.init_weights = init_weights
 
-    def batches(self, num: int, generator: torch.Generator, device) -> list[Tensor]:
-        """This epoch's minibatches: a shuffle seeded by the round (reproducible on resume), split evenly
-        so that no batch holds a single sample (BatchNorm in train mode cannot normalise one)."""
+    def batches(self, num: int, generator: torch.Generator, device) -> list[list[Tensor]]:
+        """Every server epoch's minibatches: a shuffle per epoch seeded by the round (reproducible on resume),
+        split evenly so that no batch holds a single sample (BatchNorm in train mode cannot normalise one).
+        Drawn on the host in one go and copied to the device once, not once an epoch."""
         if self.server_batch_size == 0 or self.server_batch_size >= num:
-            return [torch.arange(num, device=device)]
-        order = torch.randperm(num, generator=generator).to(device)
-        return list(order.tensor_split(-(-num // self.server_batch_size)))
+            return [[torch.arange(num, device=device)]] * self.server_epochs
+        orders = torch.stack([torch.randperm(num, generator=generator) for _ in range(self.server_epochs)]).to(device)
+        return [list(order.tensor_split(-(-num // self.server_batch_size))) for order in orders]
 
     def aggregate(self, inputs: RoundInputs) -> Tensor:
         server, layout = inputs.need("server"), inputs.layout
@@ -95,14 +96,14 @@ class FedLAW(Aggregator):
         g = torch.zeros((), device=W.device, requires_grad=True)  # γ = exp(g) = 1 at the start
         opt = torch.optim.Adam([x, g], lr=self.server_lr, betas=self.betas)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=self.lr_decay_every, gamma=self.lr_decay)
-        shuffle = torch.Generator().manual_seed(inputs.round)
+        epochs = self.batches(y_srv.numel(), torch.Generator().manual_seed(inputs.round), y_srv.device)
         was_training = model.training
         model.train()  # batch statistics in BatchNorm, as the authors' server training does
         try:
             with torch.enable_grad():
-                for _ in range(self.server_epochs):
+                for batches in epochs:
                     epoch_loss = torch.zeros((), device=W.device)  # proxy-set loss of the last epoch, reported
-                    for idx in self.batches(y_srv.numel(), shuffle, y_srv.device):
+                    for idx in batches:
                         merged = g.exp() * (torch.softmax(x, dim=0) @ W)  # γ Σ_k λ_k W_k
                         params = {n: merged[s].view(shape) for n, s, shape in zip(layout.names, layout.slices, layout.shapes)}
                         loss = F.cross_entropy(functional_call(model, {**params, **buffers}, (x_srv[idx],)), y_srv[idx])

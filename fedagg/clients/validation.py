@@ -16,18 +16,22 @@ from torch import Tensor, nn
 class ValidationPlan:
     def __init__(self, val_indices: list[Tensor], batch_size: int) -> None:
         self.val_indices = val_indices
-        self.lengths = torch.tensor([v.numel() for v in val_indices])
+        sizes = [v.numel() for v in val_indices]
+        self.longest = max(sizes, default=0)
         self.step = max(1, batch_size // len(val_indices))  # samples per client per forward
+        device = val_indices[0].device if val_indices else torch.device("cpu")
+        self.lengths = torch.tensor(sizes, device=device)  # one copy to the device for the whole plan
+        # every client's indices padded to the longest with its last (a client with none: index 0), built on
+        # the device once, so that no batch copies per-client positions from the host
+        cols = torch.arange(self.longest, device=device)
+        self.table = torch.stack([v[cols.clamp(max=n - 1)] if n else torch.zeros_like(cols)
+                                  for v, n in zip(val_indices, sizes)]) if val_indices else cols.view(0, -1)
+        self.real = cols.view(1, -1) < self.lengths.view(-1, 1)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         """(training-pool indices [K, b], which of them are real rather than padding [K, b])."""
-        longest = int(self.lengths.max()) if len(self.val_indices) else 0
-        for start in range(0, longest, self.step):
-            cols = torch.arange(start, min(start + self.step, longest))
-            real = cols.view(1, -1) < self.lengths.view(-1, 1)
-            idx = torch.stack([v[cols.clamp(max=max(v.numel() - 1, 0)).to(v.device)] if v.numel() else
-                               torch.zeros(len(cols), dtype=torch.long, device=v.device) for v in self.val_indices])
-            yield idx, real.to(idx.device)
+        for start in range(0, self.longest, self.step):
+            yield self.table[:, start:start + self.step], self.real[:, start:start + self.step]
 
     @staticmethod
     def correct(logits: Tensor, y: Tensor, real: Tensor) -> Tensor:
@@ -36,7 +40,7 @@ class ValidationPlan:
 
     def accuracy(self, correct: Tensor) -> Tensor:
         """[K] float32 accuracy from the counts (0 for a client with nothing held out)."""
-        n = self.lengths.to(device=correct.device, dtype=torch.float64)
+        n = self.lengths.to(dtype=torch.float64)
         return torch.where(n > 0, correct.double() / n.clamp(min=1), 0.0).float()
 
 
