@@ -206,3 +206,17 @@ def test_scaffold_client_half_runs_alike_in_both_engines():
     ref, par = (t.objective.variates for t in trainers)
     assert ref.keys() == par.keys() == {c.id for c in clients}
     assert all(_rel(par[i], ref[i]) < TOL for i in ref)
+
+
+def test_channels_last_weights_reach_the_grouped_convolution_without_a_copy():
+    from fedagg.engines._packed import stacked_channels_last
+
+    w = torch.randn(4, 8, 3, 5, 5)
+    stacked = stacked_channels_last(w)
+    assert torch.equal(stacked, w)
+    leaf = stacked[1:3].detach().requires_grad_()  # a chunk's group of clients, as the engine slices it
+    packed = leaf.reshape(-1, 3, 5, 5)  # what _conv_packed hands F.conv2d
+    assert packed.data_ptr() == leaf.data_ptr() and packed.is_contiguous(memory_format=torch.channels_last)
+    assert packed.contiguous(memory_format=torch.channels_last).data_ptr() == leaf.data_ptr()
+    plain = w[1:3].detach()  # stacked as before: every forward copied the weights into channels_last
+    assert plain.reshape(-1, 3, 5, 5).contiguous(memory_format=torch.channels_last).data_ptr() != plain.data_ptr()

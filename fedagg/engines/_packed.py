@@ -70,6 +70,12 @@ def _op(name: str, plain, packed) -> type[torch.autograd.Function]:
     })
 
 
+def stacked_channels_last(w: Tensor) -> Tensor:
+    """Stacked convolution weights [K, Cout, Cin, kh, kw], the same values laid out so that their
+    [K*Cout, Cin, kh, kw] view is already channels_last: `_conv_packed` then needs no copy per forward."""
+    return w.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+
+
 def _conv_packed(k, in_dims, x, w, b, stride, padding, dilation, groups, channels_last):
     loop = x.device.type == "cpu" and w.shape[-3] <= LOOP_MAX_CHANNELS
     if in_dims[0] is not None and loop and x.shape[1 - in_dims[0]] >= LOOP_MIN_BATCH:
@@ -84,7 +90,7 @@ def _conv_packed(k, in_dims, x, w, b, stride, padding, dilation, groups, channel
     xp = _packed_channels(x, in_dims[0], k)
     w = _front(w, in_dims[1], k).reshape(-1, *w.shape[-3:])
     b = None if b is None else _front(b, in_dims[2], k).reshape(-1)
-    if channels_last:
+    if channels_last:  # the weights are a view, not a copy, when the engine stacked them with stacked_channels_last
         xp, w = xp.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
     return _unpacked(F.conv2d(xp, w, b, stride, padding, dilation, groups * k), k)
 

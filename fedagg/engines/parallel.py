@@ -21,7 +21,7 @@ from torch.func import functional_call, vmap
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.clients.validation import ValidationPlan
-from fedagg.engines._packed import pack
+from fedagg.engines._packed import pack, stacked_channels_last
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
 from fedagg.engines.memory import CPU_CHUNK, auto_chunk_size
 from fedagg.models.flat import unflatten
@@ -138,6 +138,8 @@ class ParallelEngine(Engine):
         plan = trainer.plan(clients, job.data, seed=job.seed, round=job.round, budgets=budgets)
         P = [p.unsqueeze(0).repeat(k, *[1] * len(p.shape)).contiguous()
              for p in unflatten(global_params, self._pshapes)]  # per parameter tensor, [k, ...]
+        if self.channels_last:  # convolution weights laid out as their packed forward reads them
+            P = [stacked_channels_last(p) if p.dim() == 5 else p for p in P]
         Bf = self._stacked_buffers(job.global_buffers, k)  # per buffer, [k, ...]
         sgd = trainer.optimizer(P, clients, job.lr)
         anchor = [a.clone() for a in unflatten(global_params, self._pshapes)]
