@@ -13,6 +13,8 @@ from fedagg.aggregators.ewwa import EWWA
 from fedagg.aggregators.fedams import FedCAMS
 from fedagg.aggregators.fedexp import FedExP
 from fedagg.aggregators.fednova import FedNova
+from fedagg.aggregators.median import Median
+from fedagg.aggregators.trimmed_mean import TrimmedMean
 from fedagg.clients.trainer import LocalSGD, LocalSolver
 from fedagg.engines.base import RoundJob
 from fedagg.engines.sequential import SequentialEngine
@@ -76,6 +78,9 @@ EXACT = {  # name: (aggregator, extra inputs); per-parameter rules come out bit 
     "ewwa": lambda: (EWWA(), {}),
     "ewwa_per_client_softmax": lambda: (EWWA(moments="per_client", weighting="softmax"), {}),
     "ewwa_elementwise": lambda: (EWWA(buffers="elementwise"), _buffers()),
+    "median": lambda: (Median(), {}),
+    "median_buckets": lambda: (Median(bucket_size=5), {}),  # 3 buckets of 5, 5 and 2: an odd count
+    "trimmed_mean": lambda: (TrimmedMean(beta=0.2), {}),
 }
 
 
@@ -118,7 +123,8 @@ def test_fedcams_in_row_blocks_matches_to_rounding_and_keeps_errors_per_id():
 # one client's worth: its outputs and state ([P] vectors; FedCAMS's K errors) and a few one-client
 # temporaries; the whole round (K = 12) takes that many times K
 BOUNDS = {"fedavg": (4, 12), "fednova": (4, 12), "fedexp": (4, 12), "ewwa": (13, 60),
-          "ewwa_per_client_softmax": (17, 60), "ewwa_elementwise": (13, 60), "fedcams": (26, 48)}
+          "ewwa_per_client_softmax": (17, 60), "ewwa_elementwise": (13, 60), "fedcams": (26, 48),
+          "median": (6, 36), "trimmed_mean": (6, 36)}
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDS))

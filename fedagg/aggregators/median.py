@@ -11,19 +11,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.inputs import RoundInputs
-from fedagg.aggregators.robust import RobustRule
+from fedagg.aggregators.robust import CoordinateWise
 
 
-class Median(RobustRule):
+class Median(CoordinateWise):
     """`conf/aggregator/median.yaml`."""
 
-    def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
-        b, p = models.shape
+    def combine_columns(self, models: Tensor) -> tuple[Tensor, Tensor]:
+        b = models.shape[0]
         values, order = models.sort(dim=0)  # stable: tied values keep the round's order
         mid = b // 2
         if b % 2:
-            kept = torch.bincount(order[mid], minlength=b).to(models.dtype)
-            return values[mid], kept / p
+            return values[mid], torch.bincount(order[mid], minlength=b)
         kept = torch.bincount(order[mid - 1], minlength=b) + torch.bincount(order[mid], minlength=b)
-        return (values[mid - 1] + values[mid]) / 2, kept.to(models.dtype) / (2 * p)
+        return (values[mid - 1] + values[mid]) / 2, kept
+
+    def kept_per_coordinate(self, b: int) -> int:
+        return 1 if b % 2 else 2  # for even counts each middle value counts one half

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.blocks import column_blocks
 from fedagg.aggregators.inputs import RoundInputs
 from fedagg.data.seeding import generator
 
@@ -50,21 +51,55 @@ class RobustRule(Aggregator):
         """(new global [P], the weight each of the B models counted with [B], summing to 1)."""
         raise NotImplementedError
 
+    def combine_models(self, inputs: RoundInputs, models, num_samples: Tensor) -> tuple[Tensor, Tensor]:
+        """`combine` on the round's models, which `models(cols)` gives for a column range; a rule that
+        works per coordinate overrides this to go through the columns in blocks (CoordinateWise)."""
+        return self.combine(inputs, models(slice(None)), num_samples)
+
     def aggregate(self, inputs: RoundInputs) -> Tensor:
         # in ascending client id, so that ties (equal values, equal Krum scores) and buckets follow the ids,
         # never the order the round happened to list its clients in
         order = torch.argsort(inputs.client_ids.to(inputs.client_params.device))
-        models = inputs.client_params[order]
-        n = inputs.num_samples.to(device=models.device, dtype=models.dtype)[order]
-        if self.bucket_size == 1:
-            new, weights = self.combine(inputs, models, n)
-        else:
+        n = inputs.num_samples.to(device=order.device, dtype=inputs.client_params.dtype)[order]
+        members = None
+        if self.bucket_size > 1:
             g = generator(inputs.seed, "bucketing", inputs.round)
-            members = buckets(inputs.num_clients, self.bucket_size, g, models.device).to(models.dtype)
-            new, bucket_weights = self.combine(inputs, members @ models, (members > 0).to(n) @ n)
-            weights = bucket_weights @ members  # a bucket's weight, shared by its members
+            members = buckets(inputs.num_clients, self.bucket_size, g, order.device).to(inputs.client_params.dtype)
+            n = (members > 0).to(n) @ n
+
+        def models(cols: slice) -> Tensor:  # [B, cols]: the clients' columns, or their buckets' means
+            block = inputs.client_params[:, cols][order]
+            return block if members is None else members @ block
+
+        new, weights = self.combine_models(inputs, models, n)
+        if members is not None:
+            weights = weights @ members  # a bucket's weight, shared by its members
         self.last_weights = torch.empty_like(weights).index_copy_(0, order, weights)
         return new
+
+
+class CoordinateWise(RobustRule):
+    """A rule that treats every coordinate on its own (median, trimmed mean): it runs over column blocks of
+    the round's models (fedagg.aggregators.blocks), so its sorts never hold the whole round at once."""
+
+    def combine_columns(self, models: Tensor) -> tuple[Tensor, Tensor]:
+        """(the new values of these columns [w], how many of its values each of the B models kept [B])."""
+        raise NotImplementedError
+
+    def kept_per_coordinate(self, b: int) -> int:
+        """How many values a coordinate keeps from b models (a model's weight is its share of them)."""
+        raise NotImplementedError
+
+    def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
+        return self.combine_models(inputs, lambda cols: models[:, cols], num_samples)
+
+    def combine_models(self, inputs: RoundInputs, models, num_samples: Tensor) -> tuple[Tensor, Tensor]:
+        p = inputs.global_params.numel()
+        new, kept = inputs.global_params.new_empty(p), None
+        for cols in column_blocks(inputs.num_clients, p, inputs.block_rows):
+            new[cols], counts = self.combine_columns(models(cols))
+            kept = counts if kept is None else kept + counts
+        return new, kept.to(new.dtype) / (p * self.kept_per_coordinate(kept.numel()))
 
 
 def uniform(b: int, like: Tensor) -> Tensor:

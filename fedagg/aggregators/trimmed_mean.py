@@ -10,11 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.inputs import RoundInputs
-from fedagg.aggregators.robust import RobustRule
+from fedagg.aggregators.robust import CoordinateWise
 
 
-class TrimmedMean(RobustRule):
+class TrimmedMean(CoordinateWise):
     """`conf/aggregator/trimmed_mean.yaml`."""
 
     def __init__(self, beta: float = 0.1, bucket_size: int = 1) -> None:
@@ -24,9 +23,11 @@ class TrimmedMean(RobustRule):
                              "the trimmed mean trims every value away")
         self.beta = float(beta)
 
-    def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
-        k, p = models.shape
+    def combine_columns(self, models: Tensor) -> tuple[Tensor, Tensor]:
+        k = models.shape[0]
         b = int(self.beta * k)
         values, order = models.sort(dim=0)
-        kept = torch.bincount(order[b:k - b].reshape(-1), minlength=k).to(models.dtype)
-        return values[b:k - b].mean(dim=0), kept / (p * (k - 2 * b))
+        return values[b:k - b].mean(dim=0), torch.bincount(order[b:k - b].reshape(-1), minlength=k)
+
+    def kept_per_coordinate(self, k: int) -> int:
+        return k - 2 * int(self.beta * k)
