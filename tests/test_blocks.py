@@ -100,6 +100,16 @@ def test_aggregators_give_the_same_model_in_blocks(name):
     assert d0.keys() == d1.keys() and all(d0[k] == pytest.approx(d1[k], rel=1e-6) for k in d0)
 
 
+@pytest.mark.parametrize("rows", [None, ROWS])
+def test_ewwa_elementwise_on_a_model_without_buffers_weights_parameters_as_samples_does(rows):
+    empty = {"global_buffers": torch.zeros(0), "client_buffers": torch.zeros(K, 0)}
+    x = _inputs(rows, **empty)
+    elementwise, samples = EWWA(buffers="elementwise"), EWWA()
+    assert torch.equal(elementwise.aggregate(x), samples.aggregate(x))
+    assert torch.equal(elementwise.last_weights, samples.last_weights)
+    assert elementwise.buffer_weights(x).shape == (K, 0)
+
+
 def test_ewwa_log_shift_takes_one_minimum_across_blocks():
     """The shift is the minimum over every block: blocks weighted with their own minimum would differ."""
     x = _inputs(None)

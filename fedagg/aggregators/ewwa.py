@@ -151,8 +151,8 @@ class EWWA(Aggregator):
         blocks, offset = [], 0  # (global [n], clients [K, n], columns in the part, place in m and v)
         for glob, clients in parts:  # column blocks (fedagg.aggregators.blocks), never across parts
             blocks += [(glob, clients, cols, slice(offset + cols.start, offset + cols.stop))
-                       for cols in column_blocks(k, glob.numel(), inputs.block_rows)]
-            offset += glob.numel()
+                       for cols in column_blocks(k, glob.numel(), inputs.block_rows) if cols.stop > cols.start]
+            offset += glob.numel()  # a model without buffers has an empty part: no block
         m_new, v_new = torch.empty_like(self.m), torch.empty_like(self.v)
 
         def steps():  # each block's clients and steps b, from last round's moments
