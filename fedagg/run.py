@@ -33,7 +33,8 @@ from fedagg.loop.folder import RunFolder
 from fedagg.loop.numerics import numerics
 from fedagg.loop.round_loop import run_federation
 from fedagg.loop.schema import check_config
-from fedagg.loop.settings import Settings, resolve_device
+from fedagg.data.device import resolve_device
+from fedagg.loop.settings import Settings
 from fedagg.loop.splits import scaled_rounds
 from fedagg.tracking.files import write_json
 

@@ -17,6 +17,19 @@ from torch import Tensor
 CROP_PADDING = 4
 
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name not in DEVICES:
+        raise ValueError(f"device={name!r} is not allowed; choose one of {', '.join(DEVICES)}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but torch sees no CUDA device; use device=auto or device=cpu")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
 class DeviceData:
     def __init__(self, bundle, device: torch.device, input_shape: tuple[int, int, int]) -> None:
         self.name = bundle.name

@@ -13,7 +13,7 @@ from __future__ import annotations
 from fedagg.engines.base import Engine
 from fedagg.engines.parallel import ParallelEngine
 from fedagg.engines.sequential import SequentialEngine
-from fedagg.loop.settings import resolve_device
+from fedagg.data.device import resolve_device
 
 
 def auto_engine(device: str = "auto", eval_batch_size: int = 1024, chunk_size: int | str = "auto",

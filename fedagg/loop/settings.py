@@ -9,7 +9,6 @@ from torch import Tensor
 
 from fedagg.data.seeding import generator
 
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -54,16 +53,6 @@ class Settings:
     @property
     def per_round(self) -> int:
         return self.clients_per_round or self.num_clients
-
-
-def resolve_device(name: str) -> torch.device:
-    if name not in DEVICES:
-        raise ValueError(f"device={name!r} is not allowed; choose one of {', '.join(DEVICES)}")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but torch sees no CUDA device; use device=auto or device=cpu")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
 
 
 def sample_clients(settings: Settings, round: int, online: Tensor | None = None) -> list[int]:
