@@ -69,5 +69,14 @@ def test_chunk_for_divides_the_devices_share_by_one_clients_cost():
 def test_auto_is_64_on_the_cpu_and_resolves_at_the_first_round():
     model = MLP(num_classes=10, in_channels=1, image_size=8)
     assert memory.auto_chunk_size(model, torch.zeros(1, 8, 8), 32, 500, 0) == memory.CPU_CHUNK == 64
+    from test_parallel_engine import _setup
+    from fedagg.clients.trainer import LocalSGD
+    from fedagg.engines.base import RoundJob
+    from fedagg.models.flat import get_buffers, get_params
+
+    model, data, clients = _setup(MLP, 1, 8, [6, 5, 4], augment=False)
     engine = ParallelEngine()
     assert engine.chunk_size == "auto" and engine.clients_in_memory == 64
+    engine.train_round(RoundJob(model, LocalSGD(lr=0.1, batch_size=4), data, clients, get_params(model),
+                                get_buffers(model), lr=0.1, seed=0, round=1))
+    assert engine.chunk_size == 64  # an int from the first round on
