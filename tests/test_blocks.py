@@ -56,14 +56,20 @@ def test_column_blocks_cover_every_column_once_aligned_and_within_the_bound():
     assert row_blocks(5, 2) == [slice(0, 2), slice(2, 4), slice(4, 5)] and row_blocks(5, 5) == [slice(0, 5)]
 
 
-def test_blocked_helpers_equal_the_whole_computation_bit_for_bit():
+# Blocked and whole results are compared to rounding, not bit for bit: each call hands BLAS a matrix of
+# another width, and how a kernel (and its threads) splits the columns is its own affair. A block that
+# is skipped, shifted or counted twice is off by ~0.1 (updates are 0.1 * N(0, 1)), far above 1e-6.
+BLOCKED = dict(rtol=1e-5, atol=1e-6)
+
+
+def test_blocked_helpers_equal_the_whole_computation_to_rounding():
     x = _inputs(None)
     weights = torch.rand(K)
     whole = weights @ (x.client_params - x.global_params)
     norms = torch.linalg.vector_norm(x.client_params - x.global_params, dim=1)
     for rows in (1, ROWS, 5):
-        assert torch.equal(weighted_update(weights, x.client_params, x.global_params, rows), whole)
-        assert torch.equal(update_norms(x.client_params, x.global_params, rows), norms)
+        torch.testing.assert_close(weighted_update(weights, x.client_params, x.global_params, rows), whole, **BLOCKED)
+        torch.testing.assert_close(update_norms(x.client_params, x.global_params, rows), norms, **BLOCKED)
 
 
 def _fednova():
@@ -73,7 +79,7 @@ def _fednova():
     return agg, {"local_steps": steps, "local_lr": 0.1, "local_solver": solver}
 
 
-EXACT = {  # name: (aggregator, extra inputs); per-parameter rules come out bit for bit
+EXACT = {  # name: (aggregator, extra inputs); per-parameter rules come out the same up to rounding
     "fedavg": lambda: (FedAvg(), {}),
     "fednova": _fednova,
     "fedexp": lambda: (FedExP(), {}),
@@ -94,9 +100,10 @@ def test_aggregators_give_the_same_model_in_blocks(name):
         new = [agg.aggregate(_inputs(rows, seed=r, **extra)) for r in (0, 1)]  # two rounds: state carried in blocks
         outs.append((new, agg.last_weights, agg.buffer_weights(_inputs(rows, **extra)), agg.take_diagnostics()))
     (new0, w0, bw0, d0), (new1, w1, bw1, d1) = outs
-    assert all(torch.equal(a, b) for a, b in zip(new0, new1))
+    for a, b in zip(new0, new1):
+        torch.testing.assert_close(b, a, **BLOCKED)
     assert torch.allclose(w0, w1, rtol=1e-6, atol=0)  # mean weights sum over P in pieces: rounding only
-    assert torch.equal(bw0, bw1)
+    torch.testing.assert_close(bw1, bw0, **BLOCKED)
     assert d0.keys() == d1.keys() and all(d0[k] == pytest.approx(d1[k], rel=1e-6) for k in d0)
 
 
@@ -117,7 +124,8 @@ def test_ewwa_log_shift_takes_one_minimum_across_blocks():
     whole, blocked = EWWA(), EWWA()
     new = whole.aggregate(x)
     assert len(column_blocks(K, P, ROWS)) > 1
-    assert torch.equal(blocked.aggregate(dataclasses.replace(x, block_rows=ROWS)), new)
+    got = blocked.aggregate(dataclasses.replace(x, block_rows=ROWS))
+    torch.testing.assert_close(got, new, **BLOCKED)
 
 
 def test_fedcams_in_row_blocks_matches_to_rounding_and_keeps_errors_per_id():
