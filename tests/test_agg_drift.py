@@ -181,8 +181,10 @@ def test_fedexp_extrapolates_when_updates_disagree():
     eta = 3 / (2 * 3 * (1 / 3 + 1e-3))
     assert eta > 1.49 and agg.take_diagnostics() == {"server_lr": pytest.approx(eta)}
     assert torch.allclose(new, w + eta * torch.full((3,), 1 / 3))
-    assert torch.allclose(agg.evaluated_params(new), (w + new) / 2)  # the mean of the last two global models
+    assert torch.equal(agg.evaluated_params(new), new)  # round 1: nothing earlier to average with (the code)
     assert torch.allclose(agg.last_weights, torch.full((3,), 1 / 3))
+    later = agg.aggregate(RoundInputs.of(new, new + torch.eye(3), round=2))
+    assert torch.allclose(agg.evaluated_params(later), (new + later) / 2)  # the mean of the last two global models
 
 
 def test_fedexp_never_steps_less_than_fedavg():
@@ -196,6 +198,69 @@ def test_fedexp_never_steps_less_than_fedavg():
         FedExP(evaluate="best")
     with pytest.raises(ValueError, match=r"aggregator.eps=0 is not allowed"):
         FedExP(eps=0)
+
+
+def test_fedexp_eps_decays_by_its_factor_every_round_from_round_one():
+    w = torch.tensor([1.0, 1.0, 1.0])
+    # ||mean||^2 = 1/3, sum ||Delta_k||^2 / (2K) = 1/2, so eta = 1/2 / (1/3 + eps_r)
+    # eps = 1/3, decay 1/2: round 2 uses eps / 4 = 1/12, eta = 1/2 / (5/12) = 1.2 (no decay: 0.75, clipped to 1;
+    # a decay that starts one round late, eps / 2 = 1/6: eta = 1.0)
+    agg = FedExP(eps=1 / 3, eps_decay=0.5, evaluate="global")
+    new = agg.aggregate(RoundInputs.of(w, w + torch.eye(3), round=2))
+    assert agg.take_diagnostics()["server_lr"] == pytest.approx(1.2, rel=1e-6)
+    torch.testing.assert_close(new, w + 0.4)
+    assert FedExP(eps=1 / 3).eps_decay == 1.0  # the default keeps a fixed eps (SPEC)
+
+
+def test_fedexp_eps_per_client_adds_k_eps_as_the_authors_code_does():
+    w = torch.tensor([1.0, 1.0, 1.0])
+    # K = 3, eps = 1/36: denominator 1/3 + 3/36 = 5/12, eta = 1/2 / (5/12) = 1.2 (SPEC's 1/3 + 1/36: 18/13)
+    agg = FedExP(eps=1 / 36, eps_per_client=True)
+    agg.aggregate(RoundInputs.of(w, w + torch.eye(3)))
+    assert agg.take_diagnostics()["server_lr"] == pytest.approx(1.2, rel=1e-6)
+    spec = FedExP(eps=1 / 36)
+    spec.aggregate(RoundInputs.of(w, w + torch.eye(3)))
+    assert spec.take_diagnostics()["server_lr"] == pytest.approx(18 / 13, rel=1e-6)
+
+
+def test_fedexp_weighting_by_samples_weights_the_mean_and_the_norms():
+    w = torch.tensor([0.5, -1.0])
+    clients = w + torch.tensor([[4.0, 0.0], [-1.0, 1.0]])
+    # p = (1/4, 3/4): mean update (0.25, 0.75), ||.||^2 = 0.625; sum p_k ||Delta_k||^2 = 16/4 + 2 * 3/4 = 5.5;
+    # eps = 0.0625: eta = 5.5 / (2 (0.625 + 0.0625)) = 4, so w + 4 (0.25, 0.75) = w + (1, 3)
+    # (uniform: 18 / (4 * 2.5625) = 1.756; weighted mean with unweighted norms: 9 / 1.375 = 6.55)
+    agg = FedExP(eps=0.0625, weighting="samples")
+    new = agg.aggregate(RoundInputs.of(w, clients, num_samples=torch.tensor([1, 3])))
+    assert agg.take_diagnostics()["server_lr"] == pytest.approx(4.0, rel=1e-6)
+    torch.testing.assert_close(new, w + torch.tensor([1.0, 3.0]))
+    torch.testing.assert_close(agg.last_weights, torch.tensor([0.25, 0.75]))
+
+
+def test_fedexp_with_every_code_reading_is_the_authors_step():
+    g = torch.Generator().manual_seed(4)
+    w, deltas, n = torch.randn(20, generator=g), torch.randn(8, 20, generator=g), torch.tensor([5, 1, 9, 3, 4, 7, 2, 6])
+    eps_code, decay, r = 0.1, 0.998**2, 3
+    agg = FedExP(eps=eps_code, eps_decay=decay, eps_per_client=True, weighting="samples")
+    new = agg.aggregate(RoundInputs.of(w, w + deltas, num_samples=n, round=r))
+    # main.py: p_i by data share, grad_avg = sum p_i Delta_i / sum p_i, grad_norm_avg the same mean of ||Delta_i||^2,
+    # eta = max(1, 0.5 grad_norm_avg / (||grad_avg||^2 + S eps)), eps multiplied by 0.998^2 before every round
+    p = n.double() / n.sum()
+    d = deltas.double()
+    mean, norm_avg = p @ d, p @ d.pow(2).sum(dim=1)
+    eta = max(1.0, float(0.5 * norm_avg / (mean.pow(2).sum() + 8 * eps_code * decay**r)))
+    assert agg.take_diagnostics()["server_lr"] == pytest.approx(eta, rel=1e-5) and eta > 1
+    torch.testing.assert_close(new.double(), w.double() + eta * mean, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(eps_decay=0), r"^aggregator.eps_decay=0 is not allowed; use a number in \(0, 1\]"),
+    (dict(eps_decay=1.5), r"^aggregator.eps_decay=1.5 is not allowed"),
+    (dict(eps_per_client="yes"), r"^aggregator.eps_per_client='yes' is not allowed; use true or false$"),
+    (dict(weighting="data"), r"^aggregator.weighting='data' is not allowed; choose one of samples, uniform$"),
+])
+def test_fedexp_refuses_bad_options_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FedExP(**kwargs)
 
 
 # ---------------------------------------------------------------- in the round loop

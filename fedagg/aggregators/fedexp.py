@@ -3,7 +3,15 @@
 The clients' mean update Δ̄ = (1/K) Σ_k Δ_k is applied with the step
 η_g = max(1, Σ_k ‖Δ_k‖² / (2K (‖Δ̄‖² + ε))), which grows when the clients' updates
 disagree (their mean is short compared with each of them). The paper evaluates the mean of
-the last two global models (its iterates oscillate); clients always receive w.
+the last two global models (its iterates oscillate); clients always receive w. In round 1
+there is no earlier global model to average with, and the model after the round is scored,
+as the authors' code does.
+
+Three readings of the authors' code (Divyansh03/FedExP, main.py) are options whose defaults
+keep SPEC's rule: ε shrinks by `eps_decay` every round (the code: 0.998² per round, applied
+before its first round too), the denominator is ‖Δ̄‖² + K ε (`eps_per_client`; the code
+adds S ε, S its clients per round, to the same mean-based ratio, so SPEC's ε is K times the
+code's), and Δ_k and ‖Δ_k‖² are weighted by data share (`weighting: samples`).
 """
 
 from __future__ import annotations
@@ -21,21 +29,35 @@ EVALUATE = ("last_two", "global")
 class FedExP(Aggregator):
     """`conf/aggregator/fedexp.yaml`: w ← w + η_g Δ̄; η_g reported as agg_server_lr."""
 
-    def __init__(self, eps: float = 1e-3, evaluate: str = "last_two") -> None:
-        super().__init__("uniform")  # Δ̄ is the plain mean (SPEC)
+    def __init__(self, eps: float = 1e-3, evaluate: str = "last_two", eps_decay: float = 1.0,
+                 eps_per_client: bool = False, weighting: str = "uniform") -> None:
+        super().__init__(weighting)  # Δ̄ is the plain mean (SPEC); samples: Σ_k p_k Δ_k (the authors' code)
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < float("inf"):
             raise ValueError(f"aggregator.eps={eps!r} is not allowed; use a finite number > 0 (the paper: 1e-3)")
         if evaluate not in EVALUATE:
             raise ValueError(f"aggregator.evaluate={evaluate!r} is not allowed; choose one of {', '.join(EVALUATE)}")
+        if isinstance(eps_decay, bool) or not isinstance(eps_decay, (int, float)) or not 0 < eps_decay <= 1:
+            raise ValueError(f"aggregator.eps_decay={eps_decay!r} is not allowed; use a number in (0, 1] "
+                             "(1: a fixed ε; the authors' code: 0.996004 = 0.998²)")
+        if not isinstance(eps_per_client, bool):
+            raise ValueError(f"aggregator.eps_per_client={eps_per_client!r} is not allowed; use true or false")
         self.eps, self.evaluate = float(eps), evaluate
+        self.eps_decay, self.eps_per_client = float(eps_decay), eps_per_client
         self.previous: Tensor | None = None  # this round's starting model, for the tested mean
 
     def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
         k = inputs.num_clients
-        spread = update_norms(inputs.client_params, inputs.global_params, inputs.block_rows).pow(2).sum()  # Σ_k ‖Δ_k‖²
-        lr = torch.clamp(spread / (2 * k * (update.pow(2).sum() + self.eps)), min=1.0)
+        norms2 = update_norms(inputs.client_params, inputs.global_params, inputs.block_rows).pow(2)  # ‖Δ_k‖²
+        eps = self.eps * self.eps_decay**inputs.round  # round r uses ε d^r: the code decays before each round
+        if self.eps_per_client:
+            eps = k * eps  # the code's ‖Δ̄‖² + S ε
+        if self.weighting == "uniform":  # Σ_k ‖Δ_k‖² / (2K (‖Δ̄‖² + ε)), as SPEC writes it
+            lr = torch.clamp(norms2.sum() / (2 * k * (update.pow(2).sum() + eps)), min=1.0)
+        else:  # Σ_k p_k ‖Δ_k‖² / (2 (‖Δ̄‖² + ε)), p the data shares the mean update used
+            lr = torch.clamp((self.last_weights * norms2).sum() / (2 * (update.pow(2).sum() + eps)), min=1.0)
         self.report(server_lr=float(lr))
-        self.previous = inputs.global_params
+        # round 1 has no earlier global model: the code scores the model after the round
+        self.previous = inputs.global_params if inputs.round > 1 else None
         return inputs.global_params + lr * update
 
     def evaluated_params(self, global_params: Tensor) -> Tensor:
