@@ -263,6 +263,68 @@ def test_fedexp_refuses_bad_options_in_one_line(kwargs, message):
         FedExP(**kwargs)
 
 
+# FedNova, the authors' code's readings: W, CLIENTS[:2] - W as updates below are (1, 0, 2) and (0, 2, -1)
+NOVA_W = torch.tensor([0.5, -1.0, 2.0])
+NOVA_DELTAS = torch.tensor([[1.0, 0.0, 2.0], [0.0, 2.0, -1.0]])
+
+
+def test_fednova_tau_eff_from_steps_with_a_proximal_term():
+    proximal = LocalSolver(0.0, False, 0.0, 1.0, False)  # mu = 1 at local lr 0.5: eta mu = 1/2
+    inputs = RoundInputs.of(NOVA_W, NOVA_W + NOVA_DELTAS, num_samples=torch.tensor([1, 3]),
+                            local_steps=torch.tensor([1, 2]), local_lr=0.5, local_solver=proximal)
+    # a_k = (1 - (1/2)^tau) / (1/2): 1 and 1.5; p = (1/4, 3/4)
+    # the code: tau_eff = 1/4 * 1 + 3/4 * 2 = 1.75, q = p tau_eff / a = (0.4375, 0.875),
+    #   update = 0.4375 (1, 0, 2) + 0.875 (0, 2, -1) = (0.4375, 1.75, 0)
+    # SPEC: tau_eff = 1/4 * 1 + 3/4 * 1.5 = 1.375, q = (0.34375, 0.6875), update (0.34375, 1.375, 0)
+    code, spec = FedNova(tau_eff="steps"), FedNova()
+    torch.testing.assert_close(code.aggregate(inputs), NOVA_W + torch.tensor([0.4375, 1.75, 0.0]))
+    assert code.take_diagnostics() == pytest.approx({"tau_eff": 1.75, "step_scale": 1.3125})
+    torch.testing.assert_close(code.last_weights, torch.tensor([1 / 3, 2 / 3]))
+    torch.testing.assert_close(spec.aggregate(inputs), NOVA_W + torch.tensor([0.34375, 1.375, 0.0]))
+    assert spec.take_diagnostics()["tau_eff"] == pytest.approx(1.375)
+
+
+def test_fednova_tau_eff_from_steps_changes_nothing_without_a_proximal_term():
+    momentum = LocalSolver(0.9, False, 0.0, 0.0, False)  # the code's tau_eff is sum p_k a_k here as well
+    inputs = fednova_inputs([2, 5, 3], momentum)
+    assert torch.equal(FedNova(tau_eff="steps").aggregate(inputs), FedNova().aggregate(inputs))  # one code path
+
+
+def nova_round(agg, w, deltas, lr, r):
+    return agg.aggregate(RoundInputs.of(w, w + deltas, num_samples=torch.tensor([1, 1]), local_steps=torch.tensor([2, 2]),
+                                        local_lr=lr, local_solver=PLAIN, round=r))
+
+
+def test_fednova_server_momentum_follows_the_codes_buffer():
+    # equal steps, plain SGD, p = (1/2, 1/2): the normalised update U is the plain mean
+    # round 1, lr 0.1: U1 = (0.5, 1, 0.5), v1 = U1 / 0.1 = (5, 10, 5), w1 = w0 + 0.1 v1 = (0.5, 1, 0.5)
+    # round 2, lr 0.2: U2 = (1, 0, 1), v2 = 0.5 v1 + U2 / 0.2 = (7.5, 5, 7.5), w2 = w1 + 0.2 v2 = (2, 2, 2)
+    # (momentum in parameter units, m2 = 0.5 U1 + U2, would give (1.75, 1.5, 1.75); gmf = 0: (1.5, 1, 1.5))
+    w0, second = torch.zeros(3), torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 2.0]])
+    agg = FedNova(gmf=0.5)
+    w1 = nova_round(agg, w0, NOVA_DELTAS, 0.1, 1)
+    torch.testing.assert_close(w1, torch.tensor([0.5, 1.0, 0.5]))
+    state = agg.state_dict()
+    w2 = nova_round(agg, w1, second, 0.2, 2)
+    torch.testing.assert_close(w2, torch.tensor([2.0, 2.0, 2.0]))
+    resumed = FedNova(gmf=0.5)
+    resumed.load_state_dict(state)
+    assert torch.equal(nova_round(resumed, w1, second, 0.2, 2), w2)  # the buffer survives a checkpoint
+    plain = FedNova()
+    torch.testing.assert_close(nova_round(plain, w1, second, 0.2, 2), torch.tensor([1.5, 1.0, 1.5]))
+    assert plain.state_dict() == {}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tau_eff="mean"), r"^aggregator.tau_eff='mean' is not allowed; choose one of a, steps"),
+    (dict(gmf=1.0), r"^aggregator.gmf=1.0 is not allowed; use a number in \[0, 1\)"),
+    (dict(gmf=True), r"^aggregator.gmf=True is not allowed"),
+])
+def test_fednova_refuses_bad_options_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FedNova(**kwargs)
+
+
 # ---------------------------------------------------------------- in the round loop
 def test_scaffold_in_a_run_keeps_c_the_mean_of_every_clients_variate(tmp_path):
     train(compose_config("rounds=3", "device=cpu", "clients_per_round=4", "aggregator=scaffold",

@@ -8,6 +8,12 @@ w ← w + τ_eff Σ_k p_k Δ_k / a_k. With plain SGD a_k = τ_k; with momentum �
 round) a_k = [τ_k − ρ(1 − ρ^τ_k)/(1 − ρ)]/(1 − ρ); with a proximal term μ at local rate η,
 a_k = [1 − (1 − η μ)^τ_k]/(η μ). Weight decay is part of the local objective and leaves a_k
 alone (as in the authors' code). Equal τ_k with plain SGD is FedAvg exactly.
+
+Two readings of the authors' code (JYWa/FedNova, distoptim/FedNova.py) are options whose
+defaults keep SPEC's rule: with a proximal term the code takes τ_eff = Σ_k p_k τ_k, the
+plain step counts (`tau_eff: steps`; SPEC: Σ_k p_k a_k), and it offers server momentum
+`gmf`: v ← gmf v + U/η_l, w ← w + η_l v, with U = Σ_k q_k Δ_k the normalised update and
+η_l the clients' learning rate that round (v starts at 0, so gmf = 0 is the plain step).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from fedagg.aggregators.base import Aggregator, sample_weights
 from fedagg.aggregators.blocks import weighted_update
 from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
 from fedagg.clients.trainer import LocalSolver
+
+TAU_EFF = ("a", "steps")
 
 
 def normaliser(steps: Tensor, lr: float, solver: LocalSolver) -> Tensor:
@@ -37,8 +45,15 @@ class FedNova(Aggregator):
 
     needs = Needs(local_steps=True)
 
-    def __init__(self) -> None:
+    def __init__(self, tau_eff: str = "a", gmf: float = 0.0) -> None:
         super().__init__("samples")  # p = D (SPEC)
+        if tau_eff not in TAU_EFF:
+            raise ValueError(f"aggregator.tau_eff={tau_eff!r} is not allowed; choose one of {', '.join(TAU_EFF)} "
+                             "(a: Σ p_k a_k, SPEC; steps: Σ p_k τ_k with a proximal term, the authors' code)")
+        if isinstance(gmf, bool) or not isinstance(gmf, (int, float)) or not 0 <= gmf < 1:
+            raise ValueError(f"aggregator.gmf={gmf!r} is not allowed; use a number in [0, 1) (0: no server momentum)")
+        self.tau_eff, self.gmf = tau_eff, float(gmf)
+        self.velocity: Tensor | None = None  # server momentum v [P], in the units of a gradient (U / η_l)
 
     def check_clients(self, setup: ClientSetup) -> None:
         solver = setup.solver
@@ -56,12 +71,28 @@ class FedNova(Aggregator):
                    "momentum buffer; use client.keep_optimizer_state=false")
 
     def aggregate(self, inputs: RoundInputs) -> Tensor:
-        a = normaliser(inputs.need("local_steps"), inputs.need("local_lr"), inputs.need("local_solver"))
+        steps, lr, solver = inputs.need("local_steps"), inputs.need("local_lr"), inputs.need("local_solver")
+        a = normaliser(steps, lr, solver)
+        # what τ_eff averages: a_k (SPEC), or the step counts when the code's proximal reading is asked for
+        t = steps.double() if self.tau_eff == "steps" and solver.proximal_mu > 0 else a
         p = sample_weights(inputs.num_samples).to(a)
-        # τ_eff / a_k = Σ_j p_j (a_j / a_k) / Σ_j p_j: written so that equal a_k give a ratio of exactly 1
+        # τ_eff / a_k = Σ_j p_j (t_j / a_k) / Σ_j p_j: written so that equal a_k give a ratio of exactly 1
         # (both sums then add the same numbers in the same order), which makes FedNova FedAvg to the bit
-        ratio = (p * (a / a[:, None])).sum(dim=1) / (p * torch.ones_like(a)[:, None]).sum(dim=1)
+        ratio = (p * (t / a[:, None])).sum(dim=1) / (p * torch.ones_like(a)[:, None]).sum(dim=1)
         q = (p * ratio).to(inputs.client_params.dtype)  # [K] effective weights, summing to τ_eff Σ p_k / a_k
         self.last_weights = q / q.sum()
-        self.report(tau_eff=float((p * a).sum() / p.sum()), step_scale=float(q.sum()))
-        return inputs.global_params + weighted_update(q, inputs.client_params, inputs.global_params, inputs.block_rows)
+        self.report(tau_eff=float((p * t).sum() / p.sum()), step_scale=float(q.sum()))
+        update = weighted_update(q, inputs.client_params, inputs.global_params, inputs.block_rows)
+        if self.gmf == 0:
+            return inputs.global_params + update
+        # the code's buffer holds U / η_l (its cum_grad over the local lr); the step multiplies η_l back
+        scaled = update / lr
+        self.velocity = scaled if self.velocity is None else self.gmf * self.velocity.to(scaled) + scaled
+        return inputs.global_params + lr * self.velocity
+
+    def state_dict(self) -> dict:
+        return {} if self.velocity is None else {"velocity": self.velocity.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        velocity = state.get("velocity")
+        self.velocity = None if velocity is None else velocity.clone()
