@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +17,7 @@ from omegaconf import OmegaConf
 
 from fedagg.data import image_folders
 from fedagg.data.datasets import DatasetBundle, DatasetNotFoundError
+from fedagg.data.files import DataError
 from fake_datasets import write_cifar, write_fashion_mnist, write_imagenet, write_tiny_imagenet
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "dataset"
@@ -124,10 +129,135 @@ def test_cifar_pickles_pixel_exact(tmp_path, name, hundred):
     assert b.train_y.tolist() == want["train_y"].tolist() and b.test_y.tolist() == want["test_y"].tolist()
 
 
+def how(cls: str, folder: Path) -> str:
+    return (f"on a machine with network run python -c \"import torchvision; torchvision.datasets.{cls}('DIR', "
+            f"download=True)\" and copy DIR/{folder.name} to {folder} (or set data.root to a folder that holds "
+            f"{folder.name}/)")
+
+
 def test_cifar_md5_check_is_on_by_default(tmp_path):
     write_cifar(tmp_path)
-    with pytest.raises(RuntimeError, match="md5.*verify_md5=false"):
+    folder = tmp_path / "cifar-10-batches-py"
+    with pytest.raises(DataError) as err:
         load("cifar10", tmp_path)
+    assert str(err.value) == (
+        f"cifar10: data_batch_1, data_batch_2, data_batch_3, data_batch_4, data_batch_5, test_batch, batches.meta in "
+        f"{folder} fail the official MD5 check (damaged, or not the official release); copy them again "
+        f"({how('CIFAR10', folder)}), or set dataset.verify_md5=false to load them anyway")
+    assert err.value.__cause__ is None and err.value.__context__ is None  # no second traceback behind it
+
+
+@pytest.mark.parametrize("junk, why", [
+    (b"not a pickle\n", "UnpicklingError: invalid load key, 'n'."),
+    (pickle.dumps({"batch_label": "x"}, protocol=2), "not the pickled dict with data, labels it should be"),
+])
+def test_unreadable_cifar_batch_is_named_in_one_line(tmp_path, junk, why):
+    write_cifar(tmp_path)
+    folder = tmp_path / "cifar-10-batches-py"
+    (folder / "data_batch_3").write_bytes(junk)
+    with pytest.raises(DataError) as err:
+        load("cifar10", tmp_path, verify_md5=False)
+    assert str(err.value) == f"cifar10: cannot read data_batch_3 ({why}) in {folder}; copy it again ({how('CIFAR10', folder)})"
+    assert (folder / "data_batch_3").read_bytes() == junk
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar10", "tinyimagenet", "imagenet"])
+def test_a_data_root_that_is_a_file_is_one_line(tmp_path, name):
+    (tmp_path / "data").write_text("the user's file")
+    rule = "data.root must be a folder (one that holds the datasets, or where they can be downloaded)"
+    with pytest.raises(DataError) as err:
+        load(name, tmp_path / "data", download=True)
+    assert str(err.value) == f"data.root={tmp_path / 'data'} is a file; {rule}"
+    with pytest.raises(DataError) as err:
+        load(name, tmp_path / "data" / "sub", download=True)
+    assert str(err.value) == f"data.root={tmp_path / 'data' / 'sub'} is inside {tmp_path / 'data'}, which is a file; {rule}"
+    assert snapshot(tmp_path) == {"data": b"the user's file"}  # nothing created, the file untouched
+
+
+@pytest.mark.parametrize("cut, why", [
+    (20, "EOFError: Compressed file ended before the end-of-stream marker was reached"),
+    (0, "BadGzipFile: Not a gzipped file (b'ju')"),
+])
+def test_a_damaged_gz_is_named_and_kept_when_downloads_are_off(tmp_path, cut, why):
+    write_fashion_mnist(tmp_path / "data")
+    gz = tmp_path / "data" / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte.gz"
+    gz.write_bytes(gz.read_bytes()[:cut] if cut else b"junk, not gzip")
+    before = snapshot(gz.parent)
+    with pytest.raises(DataError) as err:
+        load("fmnist", tmp_path / "data", download=False)
+    assert str(err.value) == (f"fmnist: {gz} is damaged ({why}); replace it with a good copy "
+                              f"({how('FashionMNIST', tmp_path / 'data' / 'FashionMNIST')}), or set data.download=true "
+                              f"to download it again")
+    after = snapshot(gz.parent)  # the damaged file is the user's to replace; only the extracted images were added
+    assert {k: v for k, v in after.items() if k in before} == before and set(after) - set(before) == {"train-images-idx3-ubyte"}
+
+
+def test_an_idx_file_cut_short_before_compression_is_named(tmp_path):
+    import gzip
+
+    write_fashion_mnist(tmp_path / "data")
+    raw = tmp_path / "data" / "FashionMNIST" / "raw"
+    gz = raw / "train-images-idx3-ubyte.gz"
+    gz.write_bytes(gzip.compress(gzip.decompress(gz.read_bytes())[:1000]))  # a valid .gz of too few bytes
+    with pytest.raises(DataError) as err:
+        load("fmnist", tmp_path / "data")
+    assert str(err.value) == (f"fmnist: {raw / 'train-images-idx3-ubyte'} holds 1000 bytes where its header announces "
+                              f"{16 + 12 * 28 * 28}; replace it (and its .gz) with a good copy "
+                              f"({how('FashionMNIST', tmp_path / 'data' / 'FashionMNIST')})")
+
+
+def test_a_cache_that_is_a_file_costs_the_digits_only_their_cache(tmp_path, monkeypatch, caplog):
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("FEDAGG_CACHE", str(tmp_path / "cache"))
+    with caplog.at_level(logging.WARNING):
+        b = load("digits", None)
+    assert (len(b.train_y), len(b.test_y)) == (1437, 360)
+    assert caplog.messages == [f"FEDAGG_CACHE={tmp_path / 'cache'} cannot be used ({tmp_path / 'cache'} is a file); "
+                               "set FEDAGG_CACHE to a folder fedagg can write (or unset it for ~/.cache/fedagg); "
+                               "the digits split is not cached"]
+    assert (tmp_path / "cache").read_text() == "not a folder"
+
+
+def test_a_cache_that_is_a_file_is_named_when_read_only_data_needs_it(tmp_path, monkeypatch):
+    write_fashion_mnist(tmp_path / "data")
+    raw = tmp_path / "data" / "FashionMNIST" / "raw"
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("FEDAGG_CACHE", str(tmp_path / "cache" / "sub"))
+    raw.chmod(0o555)
+    try:
+        with pytest.raises(DataError) as err:
+            load("fmnist", tmp_path / "data")
+    finally:
+        raw.chmod(0o755)
+    assert str(err.value) == (f"FEDAGG_CACHE={tmp_path / 'cache' / 'sub'} cannot be used ({tmp_path / 'cache'} is a "
+                              "file); set FEDAGG_CACHE to a folder fedagg can write (or unset it for ~/.cache/fedagg)")
+
+
+def test_a_damaged_digits_cache_is_written_again(private_cache, caplog):
+    private_cache.mkdir()
+    (private_cache / "digits-split-v1.pt").write_bytes(b"half a file")
+    with caplog.at_level(logging.WARNING):
+        b = load("digits", None)
+    assert (len(b.train_y), len(b.test_y)) == (1437, 360)
+    assert caplog.messages[0].startswith(f"ignoring unreadable cache {private_cache / 'digits-split-v1.pt'} (")
+    assert torch.equal(torch.load(private_cache / "digits-split-v1.pt")["test_y"], b.test_y)  # a good copy again
+
+
+def test_a_data_error_on_the_command_line_is_one_line_exit_2(tmp_path):
+    (tmp_path / "data").write_text("the user's file")
+    proc = subprocess.run([sys.executable, "-m", "fedagg.run", "dataset=mnist", f"data.root={tmp_path / 'data'}",
+                           "rounds=1", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                          env=dict(os.environ, FEDAGG_CACHE=str(tmp_path / "cache")))
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].endswith(f"[fedagg][ERROR] - data.root={tmp_path / 'data'} is a file; data.root must be a folder "
+                             "(one that holds the datasets, or where they can be downloaded)")
+    assert (tmp_path / "data").read_text() == "the user's file"
 
 
 def assert_colors(x: torch.Tensor, colors: list) -> None:

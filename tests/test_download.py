@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_config
-from fake_datasets import write_cifar, write_tiny_imagenet
+from fake_datasets import write_cifar, write_fashion_mnist, write_tiny_imagenet
 from fedagg.data import datasets, download, jpeg_datasets
 from fedagg.data.download import Source
+from fedagg.data.files import DataError
 from fedagg.run import train
 
 CIFAR_MEAN = dict(mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25])
@@ -51,7 +52,10 @@ def server(tmp_path, monkeypatch):
     write_tiny_imagenet(src)
     shutil.make_archive(str(tmp_path / "tiny-imagenet-200"), "zip", root_dir=src, base_dir="tiny-imagenet-200")
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Archives)
-    httpd.files = {p.name: p.read_bytes() for p in (tmp_path / "cifar-10-python.tar.gz", tmp_path / "tiny-imagenet-200.zip")}
+    httpd.fmnist = write_fashion_mnist(src)  # served file by file, as the official MNIST mirrors do
+    fmnist_files = sorted((src / "FashionMNIST" / "raw").iterdir())
+    httpd.files = {p.name: p.read_bytes() for p in (tmp_path / "cifar-10-python.tar.gz", tmp_path / "tiny-imagenet-200.zip",
+                                                    *fmnist_files)}
     httpd.hits, httpd.cut, httpd.delay = [], set(), 0.0
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -61,6 +65,9 @@ def server(tmp_path, monkeypatch):
                                                            "cifar-10-batches-py", True))
     monkeypatch.setitem(download.SOURCES, "tinyimagenet", Source(((url + "tiny-imagenet-200.zip", md5["tiny-imagenet-200.zip"]),),
                                                                 "tiny-imagenet-200", True))
+    monkeypatch.setitem(download.SOURCES, "fmnist", Source(tuple((url + p.name, md5[p.name]) for p in fmnist_files),
+                                                          "FashionMNIST/raw", False))
+    httpd.src = src
     yield httpd
     httpd.shutdown()
 
@@ -156,3 +163,43 @@ def test_data_root_comes_from_fedagg_data(monkeypatch):
     assert compose_config().data.root == "/srv/datasets"
     monkeypatch.delenv("FEDAGG_DATA")
     assert compose_config().data.root == "data" and compose_config().data.download is True
+
+
+def damaged_fmnist(root: Path, server) -> Path:
+    """The served Fashion-MNIST copied to root, one .gz cut short as an interrupted copy leaves it."""
+    shutil.copytree(server.src / "FashionMNIST", root / "FashionMNIST")
+    gz = root / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte.gz"
+    gz.write_bytes(gz.read_bytes()[:20])
+    return gz
+
+
+def test_a_damaged_gz_is_downloaded_again_and_replaced_by_the_checked_copy(tmp_path, server, caplog):
+    root = tmp_path / "data"
+    gz = damaged_fmnist(root, server)
+    with caplog.at_level("WARNING"):
+        b = datasets.fmnist(str(root), mean=[0.5], std=[0.25], download=True)
+    assert caplog.messages == [f"fmnist: {gz} is damaged (EOFError: Compressed file ended before the end-of-stream "
+                               "marker was reached); downloading it again"]
+    assert server.hits == ["train-labels-idx1-ubyte.gz"]  # that file only
+    assert gz.read_bytes() == server.files[gz.name]
+    assert b.train_y.tolist() == server.fmnist["train_y"].tolist() and b.test_y.tolist() == server.fmnist["test_y"].tolist()
+    assert leftovers(root) == ["FashionMNIST"]  # no scratch folder left
+
+
+def test_a_damaged_gz_that_cannot_be_downloaded_again_is_left_alone(tmp_path, server):
+    root = tmp_path / "data"
+    gz = damaged_fmnist(root, server)
+    damaged = gz.read_bytes()
+    server.cut.add(gz.name)
+    url = next(url for url, _ in download.SOURCES["fmnist"].files if url.endswith(f"/{gz.name}"))
+    with pytest.raises(DataError) as err:
+        datasets.fmnist(str(root), mean=[0.5], std=[0.25], download=True)
+    half = len(server.files[gz.name]) // 2
+    how = (f"on a machine with network run python -c \"import torchvision; torchvision.datasets.FashionMNIST('DIR', "
+           f"download=True)\" and copy DIR/FashionMNIST to {root / 'FashionMNIST'} (or set data.root to a folder that "
+           "holds FashionMNIST/)")
+    assert str(err.value) == (f"fmnist: {gz} is damaged (EOFError: Compressed file ended before the end-of-stream marker "
+                              f"was reached) and was left as it is: could not download {url} into {root} (the connection "
+                              f"closed after {half} of {len(server.files[gz.name])} bytes); replace it with a good copy "
+                              f"({how})")
+    assert gz.read_bytes() == damaged and leftovers(root) == ["FashionMNIST"]

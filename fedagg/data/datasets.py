@@ -9,9 +9,9 @@ files there.
 
 from __future__ import annotations
 
+import logging
 import os
-import shutil
-import tempfile
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,10 @@ import torch
 from torch import Tensor
 
 from fedagg.data.download import fetch
+from fedagg.data.files import DataError, cache_dir, cache_folder, data_root, md5
+from fedagg.data.idx_files import GZIP_DAMAGE, extracted, fetch_again, idx_damage, place, writable
+
+log = logging.getLogger(__name__)
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -58,11 +62,6 @@ class DatasetBundle:
     @property
     def image_size(self) -> int:
         return self.train_x.shape[2]
-
-
-def cache_dir() -> Path:
-    """Where decoded or extracted copies go when the data folder itself is read-only."""
-    return Path(os.environ.get("FEDAGG_CACHE") or Path.home() / ".cache" / "fedagg").expanduser()
 
 
 def _not_found(name: str, folder: Path, expected: Sequence[str], how: str, problem: str | list[str]) -> DatasetNotFoundError:
@@ -123,9 +122,13 @@ def digits(root: str | None = None, *, mean: Sequence[float], std: Sequence[floa
     """
     del root, download  # bundled with scikit-learn
     cached = cache_dir() / "digits-split-v1.pt"  # importing scikit-learn takes seconds; the split never changes
-    if cached.exists():
-        t = torch.load(cached)
-    else:
+    t = None
+    if cached.is_file():
+        try:
+            t = torch.load(cached)
+        except Exception as err:  # noqa: BLE001 - unpickling a damaged file raises almost anything; ours to write again
+            log.warning("ignoring unreadable cache %s (%s); splitting the digits again", cached, err)
+    if t is None:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
 
@@ -135,31 +138,30 @@ def digits(root: str | None = None, *, mean: Sequence[float], std: Sequence[floa
                                                   random_state=0)
         t = {"train_x": torch.from_numpy(x_tr).contiguous(), "train_y": _labels(y_tr),
              "test_x": torch.from_numpy(x_te).contiguous(), "test_y": _labels(y_te)}
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+        _save_digits(t, cached)
+    return DatasetBundle("digits", t["train_x"], t["train_y"], t["test_x"], t["test_y"], 10, mean, std, augment)
+
+
+def _save_digits(t: dict, cached: Path) -> None:
+    try:
+        cache_folder()
+    except DataError as err:  # the cache only saves start-up time: the bundled digits work without it
+        log.warning("%s; the digits split is not cached", err)
+        return
+    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+    try:
         torch.save(t, tmp)
         os.replace(tmp, cached)  # concurrent runs each write whole files
-    return DatasetBundle("digits", t["train_x"], t["train_y"], t["test_x"], t["test_y"], 10, mean, std, augment)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        log.warning("could not cache the digits split in %s (%s)", cached, err)
 
 
 # --- MNIST and Fashion-MNIST (IDX files) ------------------------------------------------
 
 
-def _gzip_size(path: Path) -> int:
-    # gzip stores the uncompressed length (mod 2**32) in its last four bytes.
-    with open(path, "rb") as f:
-        f.seek(-4, os.SEEK_END)
-        return int.from_bytes(f.read(4), "little")
-
-
-def _extracted(path: Path, gz: Path) -> bool:
-    return path.is_file() and (not gz.is_file() or path.stat().st_size % 2**32 == _gzip_size(gz))
-
-
-def _writable(folder: Path) -> bool:
-    # root passes os.access on any folder, so a folder with no write bit at all (a shared,
-    # deliberately read-only copy) counts as read-only too.
-    return os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+def _idx_names(cls: type) -> list[str]:
+    return [os.path.splitext(os.path.basename(url))[0] for url, _ in cls.resources]
 
 
 def _idx_root(cls: type, name: str, root: Path, download: bool) -> Path:
@@ -167,9 +169,10 @@ def _idx_root(cls: type, name: str, root: Path, download: bool) -> Path:
 
     Copies often ship only the .gz files (torchvision extracts them on download); these
     are extracted next to themselves, or into the cache when the data folder is read-only.
+    A .gz that does not decompress is downloaded again when `download` is on.
     """
     raw = root / cls.__name__ / "raw"
-    names = [os.path.splitext(os.path.basename(url))[0] for url, _ in cls.resources]
+    names = _idx_names(cls)
     expected = [f"{n} (or {n}.gz)" for n in names]
     missing = lambda: [n for n in names if not (raw / n).is_file() and not (raw / f"{n}.gz").is_file()]  # noqa: E731
     how = _torchvision_how(cls, root / cls.__name__)
@@ -177,34 +180,37 @@ def _idx_root(cls: type, name: str, root: Path, download: bool) -> Path:
         fetch(name, root, how, lambda: not missing())
     if missing():
         raise _not_found(name, raw, expected, how, missing())
-    if all(_extracted(raw / n, raw / f"{n}.gz") for n in names):
+    if all(extracted(raw / n, raw / f"{n}.gz") for n in names):
         return root
 
-    target = raw if _writable(raw) else cache_dir() / cls.__name__ / "raw"
-    target.mkdir(parents=True, exist_ok=True)
+    target = raw if writable(raw) else cache_folder(f"{cls.__name__}/raw")
     for n in names:
         gz = raw / f"{n}.gz"
-        if _extracted(target / n, gz):
+        if extracted(target / n, gz):
             continue
-        # Extract (or copy) beside the destination, then rename: concurrent runs and
-        # interrupted ones never see a half-written file.
-        from torchvision.datasets.utils import extract_archive
-
-        scratch = Path(tempfile.mkdtemp(dir=target, prefix=".extract-"))
         try:
-            if gz.is_file():
-                extract_archive(str(gz), str(scratch))
-            else:
-                shutil.copyfile(raw / n, scratch / n)
-            os.replace(scratch / n, target / n)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            place(raw, n, target)
+        except GZIP_DAMAGE as err:
+            fetch_again(name, root, gz, how, f"{type(err).__name__}: {err}", download)
+            try:
+                place(raw, n, target)
+            except GZIP_DAMAGE as again:  # the official file, checked, and still not gzip: say so, once
+                raise DataError(f"{name}: {gz} was downloaded again and still does not decompress "
+                                f"({type(again).__name__}: {again})") from None
     return target.parent.parent
 
 
 def _idx_dataset(cls: type, name: str, root: str, mean, std, augment: bool, download: bool) -> DatasetBundle:
-    base = str(_idx_root(cls, name, Path(root).expanduser().resolve(), download))
-    train, test = cls(base, train=True, download=False), cls(base, train=False, download=False)
+    base = _idx_root(cls, name, data_root(root), download)
+    try:
+        train, test = cls(str(base), train=True, download=False), cls(str(base), train=False, download=False)
+    except Exception:
+        # torchvision's reader on a cut-short or foreign file: name it when its length gives it away
+        damage = idx_damage(base / cls.__name__ / "raw", _idx_names(cls))
+        if damage is None:
+            raise
+        raise DataError(f"{name}: {damage}; replace it (and its .gz) with a good copy "
+                        f"({_torchvision_how(cls, Path(root).expanduser().resolve() / cls.__name__)})") from None
     return DatasetBundle(
         name, train.data.unsqueeze(1).contiguous(), train.targets.long(), test.data.unsqueeze(1).contiguous(),
         test.targets.long(), len(cls.classes), mean, std, augment,
@@ -236,20 +242,43 @@ def _without_md5(cls: type) -> type:
     })
 
 
+def _unreadable_pickle(folder: Path, files: dict[str, tuple[str, ...]]) -> str | None:
+    """The first of `files` (name -> the keys its pickled dict must have) that is not such a dict, and why."""
+    for file, keys in files.items():
+        try:
+            with open(folder / file, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+        except Exception as err:  # noqa: BLE001 - unpickling arbitrary bytes can raise almost anything
+            return f"{file} ({type(err).__name__}: {err})"
+        if not isinstance(entry, dict) or not all(k in entry for k in keys):
+            return f"{file} (not the pickled dict with {', '.join(keys)} it should be)"
+    return None
+
+
 def _cifar(cls: type, name: str, root: str, mean, std, augment: bool, verify_md5: bool, download: bool) -> DatasetBundle:
-    root_path = Path(root).expanduser().resolve()
+    root_path = data_root(root)
     folder = root_path / cls.base_folder
-    expected = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
-    _require(name, folder, expected, _torchvision_how(cls, folder), download=download)
+    checksums = [*cls.train_list, *cls.test_list, [cls.meta["filename"], cls.meta["md5"]]]
+    expected = [f for f, _ in checksums]
+    how = _torchvision_how(cls, folder)
+    _require(name, folder, expected, how, download=download)
+    if verify_md5:
+        bad = [f for f, digest in checksums if md5(folder / f) != digest]
+        if bad:
+            raise DataError(f"{name}: {', '.join(bad)} in {folder} fail the official MD5 check (damaged, or not the "
+                            f"official release); copy them again ({how}), or set dataset.verify_md5=false to load "
+                            f"them anyway")
+    reader = _without_md5(cls)  # verified just now, or the user opted out
     try:
-        # torchvision's md5 check covers every batch and the meta file in one pass.
-        train = (cls if verify_md5 else _without_md5(cls))(str(root_path), train=True, download=False)
-    except RuntimeError as err:
-        raise RuntimeError(
-            f"{name}: the files in {folder} fail torchvision's md5 check, so they are damaged or not the "
-            f"official release ({err}). Copy them again, or set dataset.verify_md5=false to load them anyway."
-        ) from err
-    test = _without_md5(cls)(str(root_path), train=False, download=False)
+        train = reader(str(root_path), train=True, download=False)
+        test = reader(str(root_path), train=False, download=False)
+    except Exception:
+        # torchvision's reader on files that are not CIFAR batches: name the file when one is to blame
+        batch = ("data", "fine_labels" if name == "cifar100" else "labels")
+        bad = _unreadable_pickle(folder, {**{f: batch for f in expected[:-1]}, expected[-1]: (cls.meta["key"],)})
+        if bad is None:
+            raise
+        raise DataError(f"{name}: cannot read {bad} in {folder}; copy it again ({how})") from None
     return DatasetBundle(
         name, _from_hwc(train.data), _labels(train.targets), _from_hwc(test.data), _labels(test.targets),
         len(train.classes), mean, std, augment,

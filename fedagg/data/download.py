@@ -22,9 +22,11 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
+
+from fedagg.data.files import cache_folder
 
 TIMEOUT_S = 30  # per connection attempt and read: an unreachable host fails fast instead of hanging
 CHUNK = 1 << 20
@@ -64,11 +66,8 @@ def source(name: str) -> Source:
 
 @contextmanager
 def _lock(name: str, root: Path):
-    from fedagg.data.datasets import cache_dir
-
     key = hashlib.sha1(f"{name}:{root}".encode()).hexdigest()[:16]
-    path = cache_dir() / "locks" / f"download-{name}-{key}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = cache_folder("locks") / f"download-{name}-{key}.lock"
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, also if the process dies
         try:
@@ -96,21 +95,25 @@ def _fetch_file(url: str, md5: str, into: Path) -> Path:
     return path
 
 
-def fetch(name: str, root: Path, how: str, present: Callable[[], bool]) -> None:
+def fetch(name: str, root: Path, how: str, present: Callable[[], bool], only: Sequence[str] | None = None) -> None:
     """Download dataset `name` into `root` unless `present()` says it is there (checked again under the
-    lock: another run may have just fetched it). Raises DownloadError, in one line."""
+    lock: another run may have just fetched it). `only`: those files of a source that is not an archive
+    (to replace a damaged one). A file already there is replaced only by a copy whose MD5 matched.
+    Raises DownloadError, in one line."""
     from torchvision.datasets.utils import extract_archive
 
     src = source(name)
-    root.mkdir(parents=True, exist_ok=True)
+    files = [(url, md5) for url, md5 in src.files if only is None or url.rsplit("/", 1)[-1] in only]
     target = root / src.target
+    url = files[0][0]
     with _lock(name, root):
         if present():
             return
-        scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-download-"))
-        url = src.files[0][0]
+        scratch = None
         try:
-            for url, md5 in src.files:
+            root.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-download-"))
+            for url, md5 in files:
                 path = _fetch_file(url, md5, scratch)
                 if src.archive:
                     extract_archive(str(path), str(scratch / "extracted"))
@@ -118,12 +121,15 @@ def fetch(name: str, root: Path, how: str, present: Callable[[], bool]) -> None:
                 os.replace(scratch / "extracted" / src.target, target)  # a leftover target must be moved first
             else:
                 target.mkdir(parents=True, exist_ok=True)
-                for url, _ in src.files:
+                for url, _ in files:
                     file = url.rsplit("/", 1)[-1]
                     os.replace(scratch / file, target / file)
         except (OSError, urllib.error.URLError, DownloadError, RuntimeError) as err:
             reason = getattr(err, "reason", None) or err
-            raise DownloadError(f"{name}: could not download {url} into {root} ({reason}); to provide it by hand, "
-                                f"{how}, or set data.download=false to be told what is missing") from err
+            error = DownloadError(f"{name}: could not download {url} into {root} ({reason}); to provide it by hand, "
+                                  f"{how}, or set data.download=false to be told what is missing")
+            error.reason = f"could not download {url} into {root} ({reason})"  # for a caller's own sentence
+            raise error from err
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import pickle
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -108,18 +107,18 @@ def _fingerprint(splits: dict[str, tuple[list[Path], list[int]]], size: int) -> 
 
 
 def load_or_decode(
-    cache_file: Path, splits: dict[str, tuple[list[Path], list[int]]], size: int
+    cache_file: Path | None, splits: dict[str, tuple[list[Path], list[int]]], size: int
 ) -> dict[str, Tensor]:
     """{"<split>_x": uint8 [N, 3, size, size], "<split>_y": int64 [N]} for each split.
 
     Read from `cache_file` when it was built from the same file list; otherwise decoded
-    and written there for next time.
+    and written there for next time (None: no cache, decoded every time).
     """
     fingerprint = _fingerprint(splits, size)
-    if cache_file.is_file():
+    if cache_file is not None and cache_file.is_file():
         try:
             cached = torch.load(cache_file, weights_only=True)
-        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
+        except Exception as err:  # noqa: BLE001 - unpickling a damaged file raises almost anything (KeyError too)
             log.warning("ignoring unreadable cache %s (%s); decoding again", cache_file, err)
         else:
             if cached.get("fingerprint") == fingerprint:
@@ -128,10 +127,15 @@ def load_or_decode(
 
     tensors: dict[str, Tensor] = {}
     for split, (files, labels) in splits.items():
-        log.info("decoding %d %s images at %dx%d (once; cached in %s)", len(files), split, size, size, cache_file)
+        log.info("decoding %d %s images at %dx%d (%s)", len(files), split, size, size,
+                 f"once; cached in {cache_file}" if cache_file is not None else "not cached")
         tensors[f"{split}_x"] = decode_all(files, size)
         tensors[f"{split}_y"] = torch.tensor(labels, dtype=torch.int64)
-    _save_atomically({"fingerprint": fingerprint, **tensors}, cache_file)
+    if cache_file is not None:
+        try:
+            _save_atomically({"fingerprint": fingerprint, **tensors}, cache_file)
+        except OSError as err:  # a full or read-only disk costs the next run the decoding, not this run
+            log.warning("could not write the decoded cache %s (%s); the next run decodes again", cache_file, err)
     return tensors
 
 

@@ -7,17 +7,25 @@ Decoded once, at the requested size, into a uint8 tensor file in the cache
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
-from fedagg.data.datasets import DatasetBundle, _not_found, _require, cache_dir
+from fedagg.data.datasets import DatasetBundle, _not_found, _require
+from fedagg.data.files import DataError, cache_folder, data_root
 from fedagg.data.image_folders import list_class_folder, load_or_decode, read_annotated_folder
+
+log = logging.getLogger(__name__)
 
 
 def _folder_bundle(name, folder, splits, num_classes, image_size, mean, std, augment) -> DatasetBundle:
     key = hashlib.sha1(str(folder).encode()).hexdigest()[:12]  # one cache per folder and size
-    t = load_or_decode(cache_dir() / f"{name}-{image_size}px-{key}.pt", splits, image_size)
+    try:
+        cache_file = cache_folder() / f"{name}-{image_size}px-{key}.pt"
+    except DataError as err:  # the cache saves decoding time; the run works without it
+        log.warning("%s; decoding %s without a cache (again on every run)", err, name)
+        cache_file = None
+    t = load_or_decode(cache_file, splits, image_size)
     return DatasetBundle(name, t["train_x"], t["train_y"], t["test_x"], t["test_y"], num_classes, mean, std, augment)
 
 
@@ -28,7 +36,7 @@ def tinyimagenet(root: str, *, mean: Sequence[float], std: Sequence[float], augm
     The labelled val split serves as the test set (the official test split has no labels);
     class index = position of the wnid in sorted wnids.txt.
     """
-    folder = Path(root).expanduser().resolve() / "tiny-imagenet-200"
+    folder = data_root(root) / "tiny-imagenet-200"
     expected = ["wnids.txt", "train/<wnid>/images/*.JPEG", "val/images/*.JPEG", "val/val_annotations.txt"]
     how = (
         "download http://cs231n.stanford.edu/tiny-imagenet-200.zip on a machine with network and unzip it "
@@ -53,7 +61,7 @@ def imagenet(root: str, *, mean: Sequence[float], std: Sequence[float], augment:
     Every image is resized (shorter side) and centre-cropped to `image_size`, 64 by default
     because the whole training set must fit in memory as uint8 (1.28M x 3 x 64 x 64 = 16 GB).
     """
-    folder = Path(root).expanduser().resolve() / "imagenet"
+    folder = data_root(root) / "imagenet"
     expected = ["train/<wnid>/*.JPEG", "val/<wnid>/*.JPEG"]
     how = (
         "ImageNet is never downloaded (its licence requires registration): obtain ILSVRC-2012 from "
