@@ -138,8 +138,10 @@ def how(cls: str, folder: Path) -> str:
 def test_cifar_md5_check_is_on_by_default(tmp_path):
     write_cifar(tmp_path)
     folder = tmp_path / "cifar-10-batches-py"
+    before = snapshot(folder)
     with pytest.raises(DataError) as err:
         load("cifar10", tmp_path)
+    assert snapshot(folder) == before
     assert str(err.value) == (
         f"cifar10: data_batch_1, data_batch_2, data_batch_3, data_batch_4, data_batch_5, test_batch, batches.meta in "
         f"{folder} fail the official MD5 check (damaged, or not the official release); copy them again "
