@@ -1,8 +1,10 @@
 """fedagg: simulate federated learning on one device and compare aggregation rules.
 
 The public API: `Aggregator` (FedAvg semantics; a method overrides one step), the
-`RoundInputs` it receives and the `Needs` it declares, and `run_experiment`, which runs
-what `python -m fedagg.run` runs and returns the run's summary.
+`RoundInputs` it receives and the `Needs` it declares, the constraints a constructor states in
+its signature (`Range`, `Items`, `Flag`, and `checked` to enforce them when it is built from
+Python), and `run_experiment`, which runs what `python -m fedagg.run` runs and returns the
+run's summary.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from pathlib import Path
 
 from fedagg.aggregators.base import Aggregator, FedAvg
 from fedagg.aggregators.inputs import Needs, RoundInputs, ServerData
+from fedagg.config.constraints import Flag, Items, Range, checked
 
 __version__ = "0.1.0"
-__all__ = ["Aggregator", "FedAvg", "Needs", "RoundInputs", "ServerData", "run_experiment"]
+__all__ = ["Aggregator", "FedAvg", "Flag", "Items", "Needs", "Range", "RoundInputs", "ServerData", "checked",
+           "run_experiment"]
 
 
 def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:

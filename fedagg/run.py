@@ -211,7 +211,7 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     settings = settings_from(cfg)
     device = resolve_device(cfg.device)
     summary_base["device"] = device.type  # the random streams of a run depend on it
-    parts = Parts(**{group: instantiate(cfg[group]) for group in GROUPS})
+    parts = Parts(**{group: instantiate(cfg[group], _convert_="all") for group in GROUPS})  # plain lists and dicts
     checkpoint = load_checkpoint(run_dir, device) if cfg.resume else None
     if cfg.resume and checkpoint is None:
         log.info("resume=true but %s has no checkpoint yet: starting from round 1", run_dir)

@@ -65,7 +65,7 @@ def check_weights(run_dir, power=0.5):
 
 
 def test_the_readme_example_runs_from_its_own_folder(own_folder):
-    env = dict(os.environ, PYTHONPATH=".")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([".", str(ROOT)]))  # this checkout's fedagg, as installed
     cmd = [sys.executable, *readme_command()[1:], "rounds=2", "hydra.run.dir=run"]
     proc = subprocess.run(cmd, cwd=own_folder, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -82,3 +82,24 @@ def test_run_experiment_runs_the_same_job_from_python(own_folder, monkeypatch):
     assert summary["status"] == "completed" and summary["config"]["aggregator"]["power"] == 1.0
     assert json.loads((own_folder / "py" / "summary.json").read_text())["rounds_completed"] == 2
     check_weights(own_folder / "py", power=1.0)
+
+
+def test_the_range_in_the_readme_signature_is_refused_before_anything_is_built(own_folder, monkeypatch):
+    """`power: Annotated[float, Range(ge=0)]` is the whole declaration: the config check refuses -1 in its words
+    (nothing trained, no metrics written), and the class built from Python refuses it in the same line."""
+    from fedagg.run import SetupError
+
+    monkeypatch.chdir(own_folder)
+    monkeypatch.syspath_prepend(str(own_folder))
+    line = "aggregator.power=-1 is not allowed; it must be a number >= 0"
+    with pytest.raises(SetupError) as err:
+        fedagg.run_experiment(["aggregator=my_rule", "hydra.searchpath=[file://my_conf]", "aggregator.power=-1"],
+                              own_folder / "bad")
+    assert str(err.value) == line
+    assert not (own_folder / "bad" / "metrics.csv").exists() and not (own_folder / "bad" / "partition.json").exists()
+    from my_rules.weighted import Diversity
+
+    with pytest.raises(ValueError) as err:
+        Diversity(power=-1)
+    assert str(err.value) == line
+    assert Diversity(power=0).power == 0

@@ -8,21 +8,17 @@ models; only the weights differ. They keep no state between rounds.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
-from fedagg.aggregators.inputs import VAL_SOURCES, Needs, RoundInputs
+from fedagg.aggregators.inputs import Needs, RoundInputs, ValSource
+from fedagg.config.constraints import Range, checked
 
-REFERENCES = ("mean", "global")
-
-
-def _positive(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"aggregator.{key}={value!r} is not allowed; use a positive number such as 1e-8")
-    return float(value)
+ServerValSize = Annotated[int, Range(ge=1, integer=True, words="use a positive integer")]
+Eps = Annotated[float, Range(gt=0, words="use a positive number such as 1e-8")]
 
 
 def _normalise(scores: Tensor) -> Tensor:
@@ -39,13 +35,9 @@ class AccuracyWeighted(Aggregator):
     on its own held-out `client.val_frac`.
     """
 
-    def __init__(self, val_source: str = "local", server_val_size: int = 500) -> None:
+    @checked("aggregator.")
+    def __init__(self, val_source: ValSource = "local", server_val_size: ServerValSize = 500) -> None:
         super().__init__()
-        if val_source not in VAL_SOURCES:
-            allowed = ", ".join(VAL_SOURCES)
-            raise ValueError(f"aggregator.val_source={val_source!r} is not allowed; choose one of {allowed}")
-        if isinstance(server_val_size, bool) or not isinstance(server_val_size, int) or server_val_size < 1:
-            raise ValueError(f"aggregator.server_val_size={server_val_size!r} is not allowed; use a positive integer")
         self.needs = Needs(val_acc=val_source, server_samples=server_val_size if val_source == "server" else 0)
 
     def client_weights(self, inputs: RoundInputs) -> Tensor:
@@ -65,9 +57,10 @@ class ABAVG(AccuracyWeighted):
 class AccInverse(AccuracyWeighted):
     """`conf/aggregator/acc_inverse.yaml`: p_k proportional to 1 / max(acc_k, eps) (eq. 3)."""
 
-    def __init__(self, val_source: str = "local", server_val_size: int = 500, eps: float = 1e-8) -> None:
+    @checked("aggregator.")
+    def __init__(self, val_source: ValSource = "local", server_val_size: ServerValSize = 500, eps: Eps = 1e-8) -> None:
         super().__init__(val_source, server_val_size)
-        self.eps = _positive("eps", eps)
+        self.eps = float(eps)
 
     def weights_from_accuracy(self, acc: Tensor) -> Tensor:
         inverse = 1.0 / acc.clamp_min(self.eps)  # eps: a client that got nothing right
@@ -80,13 +73,11 @@ class IDA(Aggregator):
     ref is the plain mean of the client models (the paper) or the global model (`reference: global`).
     """
 
-    def __init__(self, reference: str = "mean", eps: float = 1e-8) -> None:
+    @checked("aggregator.")
+    def __init__(self, reference: Literal["mean", "global"] = "mean", eps: Eps = 1e-8) -> None:
         super().__init__()
-        if reference not in REFERENCES:
-            allowed = ", ".join(REFERENCES)
-            raise ValueError(f"aggregator.reference={reference!r} is not allowed; choose one of {allowed}")
         self.reference = reference
-        self.eps = _positive("eps", eps)
+        self.eps = float(eps)
 
     def client_weights(self, inputs: RoundInputs) -> Tensor:
         W = inputs.client_params

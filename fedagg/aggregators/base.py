@@ -16,13 +16,17 @@ id (`inputs.client_ids`), never by its position in this round's sample.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.blocks import weighted_update
 from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
+from fedagg.config.constraints import checked
 
-WEIGHTINGS = ("samples", "uniform")
+Weighting = Literal["samples", "uniform"]  # p = D, or 1/K
+WEIGHTINGS = get_args(Weighting)
 
 
 def sample_weights(num_samples: Tensor) -> Tensor:
@@ -38,9 +42,8 @@ class Aggregator:
     last_weights: Tensor | None = None  # [K] the weights of the last aggregate
     _reported: dict[str, float] | None = None
 
-    def __init__(self, weighting: str = "samples") -> None:
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"aggregator.weighting={weighting!r} is not allowed; choose one of {', '.join(WEIGHTINGS)}")
+    @checked("aggregator.")
+    def __init__(self, weighting: Weighting = "samples") -> None:
         self.weighting = weighting
 
     def check_clients(self, setup: ClientSetup) -> None:

@@ -9,23 +9,24 @@ most τ/K. Reported weights are uniform (SPEC).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.inputs import RoundInputs
-from fedagg.aggregators.robust import RobustRule, integer, positive, uniform
-
-STARTS = ("global", "momentum")
+from fedagg.aggregators.robust import Count, Positive, RobustRule, uniform
+from fedagg.config.constraints import checked
 
 
 class CenteredClip(RobustRule):
     """`conf/aggregator/centered_clip.yaml`: w + v after L clipping iterations; state: the last aggregate update."""
 
-    def __init__(self, tau: float = 10.0, iterations: int = 1, start: str = "global", bucket_size: int = 1) -> None:
+    @checked("aggregator.")
+    def __init__(self, tau: Positive = 10.0, iterations: Count = 1, start: Literal["global", "momentum"] = "global",
+                 bucket_size: Count = 1) -> None:
         super().__init__(bucket_size)
-        self.tau, self.iterations = positive("tau", tau), integer("iterations", iterations, 1)
-        if start not in STARTS:
-            raise ValueError(f"aggregator.start={start!r} is not allowed; choose one of {', '.join(STARTS)}")
+        self.tau, self.iterations = float(tau), iterations
         self.start = start
         self.previous: Tensor | None = None  # last round's aggregate update
 

@@ -17,17 +17,18 @@ that code starts m and v from a copy of the model whose weights alone are zeroed
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
+
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
 from fedagg.aggregators.blocks import column_blocks
 from fedagg.aggregators.inputs import Needs, RoundInputs
+from fedagg.config.constraints import Range, checked
 
-OPTIMIZERS = ("adam", "adagrad", "yogi")
-MOMENTS = ("shared_sequential", "per_client")
-WEIGHTINGS = ("log_shift", "softmax")
-BUFFERS = ("samples", "elementwise")
+# beta = 1 would make s_r = lr * sqrt(1 - beta2^r) / (1 - beta1^r) zero or a division by zero
+Beta = Annotated[float, Range(ge=0, lt=1, words="it must be in [0, 1)")]
 QUANTILES = (0.1, 0.5, 0.9)
 QUANTILE_SAMPLE = 1 << 20  # torch.quantile sorts: an evenly strided sample of at most this many weights
 
@@ -58,40 +59,24 @@ def weight_quantiles(p: Tensor) -> dict[str, float]:
     return sample.quantiles()
 
 
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"aggregator.{key}={value!r} is not allowed; choose one of {', '.join(allowed)}")
-    return value
-
-
 class EWWA(Aggregator):
     """`conf/aggregator/ewwa.yaml`: new global w - sum_k p_k * g_k with element-wise p_k."""
 
+    @checked("aggregator.")
     def __init__(
         self,
-        optimizer: str = "adam",
-        moments: str = "shared_sequential",
-        weighting: str = "log_shift",
-        lr: float = 1.0,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-8,
-        buffers: str = "samples",
-    ) -> None:
-        self.optimizer = _choice("optimizer", optimizer, OPTIMIZERS)
-        self.moments = _choice("moments", moments, MOMENTS)
-        self.weighting = _choice("weighting", weighting, WEIGHTINGS)
-        self.buffers = _choice("buffers", buffers, BUFFERS)
-        self.needs = Needs(buffers=self.buffers == "elementwise")
-        if not lr > 0:
-            raise ValueError(f"aggregator.lr={lr!r} is not allowed; it must be > 0")
-        # beta = 1 would make s_r = lr * sqrt(1 - beta2^r) / (1 - beta1^r) zero or a division by zero
-        for key, beta in (("beta1", beta1), ("beta2", beta2)):
-            if not 0 <= beta < 1:
-                raise ValueError(f"aggregator.{key}={beta!r} is not allowed; it must be in [0, 1)")
+        optimizer: Literal["adam", "adagrad", "yogi"] = "adam",
+        moments: Literal["shared_sequential", "per_client"] = "shared_sequential",
+        weighting: Literal["log_shift", "softmax"] = "log_shift",
+        lr: Annotated[float, Range(gt=0, words="it must be > 0")] = 1.0,
+        beta1: Beta = 0.9,
+        beta2: Beta = 0.999,
         # eps > 0 keeps b = m / (sqrt(v) + eps) finite when a client's update is all zeros (m = v = 0)
-        if not eps > 0:
-            raise ValueError(f"aggregator.eps={eps!r} is not allowed; it must be > 0")
+        eps: Annotated[float, Range(gt=0, words="it must be > 0")] = 1e-8,
+        buffers: Literal["samples", "elementwise"] = "samples",
+    ) -> None:
+        self.optimizer, self.moments, self.weighting, self.buffers = optimizer, moments, weighting, buffers
+        self.needs = Needs(buffers=self.buffers == "elementwise")
         self.lr, self.beta1, self.beta2, self.eps = float(lr), float(beta1), float(beta2), float(eps)
         self.last_weights: Tensor | None = None
         self.m: Tensor | None = None  # [P] first moment ([P + B] elementwise); zeros before the first round (Alg. 2 line 2)

@@ -7,27 +7,24 @@ weights by a size-weighted softmax (eq. 10); the new global is `w + sum_k psi_k 
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
 from fedagg.aggregators.inputs import RoundInputs
-
-SMOOTHINGS = ("round", "participation")
+from fedagg.config.constraints import Flag, Range, checked
 
 
 class FedAdp(Aggregator):
     """`conf/aggregator/fedadp.yaml`; state: smoothed angle and participation count per client id."""
 
-    def __init__(self, alpha: float = 5.0, smoothing: str = "round", use_sizes: bool = True) -> None:
+    @checked("aggregator.")
+    def __init__(self, alpha: Annotated[float, Range(gt=0, words="use a positive number (paper: 5)")] = 5.0,
+                 smoothing: Literal["round", "participation"] = "round",
+                 use_sizes: Annotated[bool, Flag("use true or false")] = True) -> None:
         super().__init__("samples")  # the global gradient (Alg. 1 line 9) is always D-weighted
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-            raise ValueError(f"aggregator.alpha={alpha!r} is not allowed; use a positive number (paper: 5)")
-        if smoothing not in SMOOTHINGS:
-            allowed = ", ".join(SMOOTHINGS)
-            raise ValueError(f"aggregator.smoothing={smoothing!r} is not allowed; choose one of {allowed}")
-        if not isinstance(use_sizes, bool):
-            raise ValueError(f"aggregator.use_sizes={use_sizes!r} is not allowed; use true or false")
         self.alpha, self.smoothing, self.use_sizes = float(alpha), smoothing, use_sizes
         self.angles: dict[int, Tensor] = {}  # client id -> smoothed angle (radians, 0-d)
         self.counts: dict[int, int] = {}  # client id -> rounds it took part in

@@ -11,33 +11,36 @@ With `bias_correction: true` (the authors' code) m is divided by 1 - b1^r and v_
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.fedopt import FedAdam
+from fedagg.aggregators.base import Weighting
+from fedagg.aggregators.fedopt import Beta, FedAdam, Rate
 from fedagg.aggregators.blocks import row_blocks
 from fedagg.aggregators.inputs import RoundInputs
+from fedagg.config.constraints import Flag, Range, checked
 
-COMPRESSORS = ("sign", "topk")
+# eps > 0 is what keeps sqrt(v_hat) away from 0 when g is all zeros
+Eps = Annotated[float, Range(gt=0, words="it must be > 0")]
 
 
 class FedAMS(FedAdam):
     """`conf/aggregator/fedams.yaml`: Adam moments on g, v_hat = max(v_hat, v, eps), w + lr m / sqrt(v_hat)."""
 
+    @checked("aggregator.")
     def __init__(
         self,
-        weighting: str = "samples",
-        lr: float = 1.0,
-        beta1: float = 0.9,
-        beta2: float = 0.99,
-        eps: float = 1e-3,
-        bias_correction: bool = False,
+        weighting: Weighting = "samples",
+        lr: Rate = 1.0,
+        beta1: Beta = 0.9,
+        beta2: Beta = 0.99,
+        eps: Eps = 1e-3,
+        bias_correction: Annotated[bool, Flag()] = False,
     ) -> None:
         # tau = 0: no additive term in the denominator, and v starts at 0 (Alg. 1: m_0 = v_0 = 0)
         super().__init__(weighting, lr, beta1, beta2, tau=0.0, bias_correction=bias_correction)
-        # eps > 0 is what keeps sqrt(v_hat) away from 0 when g is all zeros
-        if not eps > 0:
-            raise ValueError(f"aggregator.eps={eps!r} is not allowed; it must be > 0")
         self.eps = float(eps)
         self.v_hat: Tensor | None = None  # [P] running max of v; starts at eps
 
@@ -59,23 +62,19 @@ class FedAMS(FedAdam):
 class FedCAMS(FedAMS):
     """`conf/aggregator/fedcams.yaml`: FedAMS on g = sum_k p_k C(Delta_k + e_k), error feedback per client id."""
 
+    @checked("aggregator.")
     def __init__(
         self,
-        weighting: str = "samples",
-        lr: float = 1.0,
-        beta1: float = 0.9,
-        beta2: float = 0.99,
-        eps: float = 1e-3,
-        bias_correction: bool = False,
-        compressor: str = "sign",
-        ratio: float = 1 / 64,
+        weighting: Weighting = "samples",
+        lr: Rate = 1.0,
+        beta1: Beta = 0.9,
+        beta2: Beta = 0.99,
+        eps: Eps = 1e-3,
+        bias_correction: Annotated[bool, Flag()] = False,
+        compressor: Literal["sign", "topk"] = "sign",
+        ratio: Annotated[float, Range(gt=0, le=1, words="it must be in (0, 1]")] = 1 / 64,
     ) -> None:
         super().__init__(weighting, lr, beta1, beta2, eps, bias_correction)
-        if compressor not in COMPRESSORS:
-            allowed = ", ".join(COMPRESSORS)
-            raise ValueError(f"aggregator.compressor={compressor!r} is not allowed; choose one of {allowed}")
-        if not 0 < ratio <= 1:
-            raise ValueError(f"aggregator.ratio={ratio!r} is not allowed; it must be in (0, 1]")
         self.compressor, self.ratio = compressor, float(ratio)
         self.errors: dict[int, Tensor] = {}  # client id -> [P] error e_k, created the first time the id is seen
 

@@ -12,62 +12,44 @@ and weight decay on T instead of Adam) and `gamma`, a scale on the new global.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.fedlaw import Betas
 from fedagg.aggregators.inputs import RoundInputs
+from fedagg.config.constraints import Flag, Range, checked
 from fedagg.models.flat import ParamLayout
 
-REGS = ("cos", "euclid", "none")
 # the authors' code (github.com/ChanglongShi/FedAWA, server_funct.py `fedawa`): a fresh optimizer on T every round
 SERVER_OPTIMIZERS = {"adam": 1e-3, "sgd": 1e-2}  # name -> its learning rate there
 COS_EPS = 1e-8  # guards cos(w, W_k) of an all-zero layer (e.g. a BatchNorm bias at init) -> cos = 0
-
-
-def _bad(key: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"aggregator.{key}={value!r} is not allowed; {allowed}")
+NonNegative = Annotated[float, Range(ge=0, lt=float("inf"), words="use a finite number >= 0")]
 
 
 class FedAWA(Aggregator):
     """`conf/aggregator/fedawa.yaml`: one learned logit per client id."""
 
+    @checked("aggregator.")
     def __init__(
         self,
-        server_lr: float | None = None,
-        betas: tuple[float, float] = (0.5, 0.999),
-        server_steps: int = 1,
-        reg: str = "cos",
-        use_updated: bool = False,
-        server_optimizer: str = "adam",
-        momentum: float = 0.9,
-        weight_decay: float = 5e-4,
-        gamma: float = 1.0,
+        server_lr: Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0, e.g. 1e-3, or null")]
+        | None = None,
+        betas: Betas = (0.5, 0.999),
+        server_steps: Annotated[int, Range(ge=1, integer=True, words="use an integer >= 1")] = 1,
+        reg: Literal["cos", "euclid", "none"] = "cos",
+        use_updated: Annotated[bool, Flag("use true or false")] = False,
+        server_optimizer: Literal["adam", "sgd"] = "adam",  # SERVER_OPTIMIZERS
+        momentum: NonNegative = 0.9,
+        weight_decay: NonNegative = 5e-4,
+        gamma: Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0 (1: no scaling)")] = 1.0,
     ) -> None:
         super().__init__()
-        if server_optimizer not in SERVER_OPTIMIZERS:
-            raise _bad("server_optimizer", server_optimizer, f"choose one of {', '.join(SERVER_OPTIMIZERS)}")
         if server_lr is None:
             server_lr = SERVER_OPTIMIZERS[server_optimizer]
-        if isinstance(server_lr, bool) or not (isinstance(server_lr, (int, float)) and 0 < server_lr < float("inf")):
-            raise _bad("server_lr", server_lr, "use a finite number > 0, e.g. 1e-3, or null")
-        for key, value in (("momentum", momentum), ("weight_decay", weight_decay)):
-            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
-                raise _bad(key, value, "use a finite number >= 0")
-        if isinstance(gamma, bool) or not (isinstance(gamma, (int, float)) and 0 < gamma < float("inf")):
-            raise _bad("gamma", gamma, "use a finite number > 0 (1: no scaling)")
-        pair = tuple(betas) if hasattr(betas, "__iter__") and not isinstance(betas, str) else ()  # YAML gives a ListConfig
-        if len(pair) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in pair):
-            raise _bad("betas", betas, "use two numbers in [0, 1), e.g. [0.5, 0.999]")
-        if isinstance(server_steps, bool) or not isinstance(server_steps, int) or server_steps < 1:
-            raise _bad("server_steps", server_steps, "use an integer >= 1")
-        if reg not in REGS:
-            raise _bad("reg", reg, f"choose one of {', '.join(REGS)}")
-        if not isinstance(use_updated, bool):
-            raise _bad("use_updated", use_updated, "use true or false")
-        self.server_lr, self.betas, self.server_steps = float(server_lr), tuple(float(b) for b in pair), server_steps
+        self.server_lr, self.betas, self.server_steps = float(server_lr), tuple(float(b) for b in betas), server_steps
         self.reg, self.use_updated = reg, use_updated
         self.server_optimizer, self.momentum, self.weight_decay = server_optimizer, float(momentum), float(weight_decay)
         self.gamma = float(gamma)

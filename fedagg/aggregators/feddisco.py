@@ -8,22 +8,14 @@ a client keeps its weight relative to the same co-participants in every round; n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
 from fedagg.aggregators.inputs import Needs, RoundInputs
-
-REFERENCES = ("global", "uniform")
-DISCREPANCIES = ("l2", "kl")
-
-
-def _number(key: str, value: Any, allowed: str, ok) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ValueError(f"aggregator.{key}={value!r} is not allowed; {allowed}")
-    return float(value)
+from fedagg.config.constraints import Range, checked
 
 
 class FedDisco(Aggregator):
@@ -40,15 +32,12 @@ class FedDisco(Aggregator):
 
     needs = Needs(label_hist=True)
 
-    def __init__(self, a: float = 0.5, b: float = 0.1, reference: str = "global", discrepancy: str = "l2") -> None:
+    @checked("aggregator.")
+    def __init__(self, a: Annotated[float, Range(ge=0, finite=True, words="use a finite number >= 0, e.g. 0.5")] = 0.5,
+                 b: Annotated[float, Range(finite=True, words="use a finite number, e.g. 0.1")] = 0.1,
+                 reference: Literal["global", "uniform"] = "global", discrepancy: Literal["l2", "kl"] = "l2") -> None:
         super().__init__()
-        finite = lambda v: v == v and abs(v) != float("inf")  # noqa: E731
-        self.a = _number("a", a, "use a finite number >= 0, e.g. 0.5", lambda v: finite(v) and v >= 0)
-        self.b = _number("b", b, "use a finite number, e.g. 0.1", finite)
-        if reference not in REFERENCES:
-            raise ValueError(f"aggregator.reference={reference!r} is not allowed; choose one of {', '.join(REFERENCES)}")
-        if discrepancy not in DISCREPANCIES:
-            raise ValueError(f"aggregator.discrepancy={discrepancy!r} is not allowed; choose one of {', '.join(DISCREPANCIES)}")
+        self.a, self.b = float(a), float(b)
         self.reference, self.discrepancy = reference, discrepancy
 
     def client_weights(self, inputs: RoundInputs) -> Tensor:

@@ -9,18 +9,17 @@ stationary point of the global loss. `aggregator=feddyn` runs both; its YAML sha
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.inputs import Needs, RoundInputs
 from fedagg.clients.objectives import LocalWork, Objective, squared_distance
+from fedagg.config.constraints import Range, checked
 
-
-def _alpha(key: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ValueError(f"{key}={value!r} is not allowed; use a finite number > 0")
-    return float(value)
+Alpha = Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0")]
 
 
 class FedDynClient(Objective):
@@ -31,8 +30,9 @@ class FedDynClient(Objective):
 
     adds_to_loss = True
 
-    def __init__(self, alpha: float = 0.01) -> None:
-        self.alpha = _alpha("aggregator.client.alpha", alpha)
+    @checked("aggregator.client.")
+    def __init__(self, alpha: Alpha = 0.01) -> None:
+        self.alpha = float(alpha)
         self.grad_state: dict[int, Tensor] = {}
 
     def penalty(self, params, anchor, state):
@@ -57,9 +57,10 @@ class FedDynClient(Objective):
 class FedDyn(Aggregator):
     """`conf/aggregator/feddyn.yaml`: h ← h − α (1/m) Σ_k Δ_k;  w ← mean_k W_k − h/α."""
 
-    def __init__(self, alpha: float = 0.01, client: FedDynClient | None = None) -> None:
+    @checked("aggregator.")
+    def __init__(self, alpha: Alpha = 0.01, client: FedDynClient | None = None) -> None:
         super().__init__()
-        self.alpha = _alpha("aggregator.alpha", alpha)
+        self.alpha = float(alpha)
         client = FedDynClient(alpha) if client is None else client
         if client.alpha != self.alpha:
             raise ValueError(f"aggregator.client.alpha={client.alpha} is not allowed; both halves of FedDyn use "

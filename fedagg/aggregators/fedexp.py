@@ -16,31 +16,29 @@ code's), and Δ_k and ‖Δ_k‖² are weighted by data share (`weighting: sampl
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.base import Aggregator, Weighting
 from fedagg.aggregators.blocks import update_norms
 from fedagg.aggregators.inputs import RoundInputs
-
-EVALUATE = ("last_two", "global")
+from fedagg.config.constraints import Flag, Range, checked
 
 
 class FedExP(Aggregator):
     """`conf/aggregator/fedexp.yaml`: w ← w + η_g Δ̄; η_g reported as agg_server_lr."""
 
-    def __init__(self, eps: float = 1e-3, evaluate: str = "last_two", eps_decay: float = 1.0,
-                 eps_per_client: bool = False, weighting: str = "uniform") -> None:
+    @checked("aggregator.")
+    def __init__(self,
+                 eps: Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0 (the paper: 1e-3)")] = 1e-3,
+                 evaluate: Literal["last_two", "global"] = "last_two",
+                 eps_decay: Annotated[float, Range(gt=0, le=1, words="use a number in (0, 1] (1: a fixed ε; the "
+                                                                   "authors' code: 0.996004 = 0.998²)")] = 1.0,
+                 eps_per_client: Annotated[bool, Flag()] = False,
+                 weighting: Weighting = "uniform") -> None:
         super().__init__(weighting)  # Δ̄ is the plain mean (SPEC); samples: Σ_k p_k Δ_k (the authors' code)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < float("inf"):
-            raise ValueError(f"aggregator.eps={eps!r} is not allowed; use a finite number > 0 (the paper: 1e-3)")
-        if evaluate not in EVALUATE:
-            raise ValueError(f"aggregator.evaluate={evaluate!r} is not allowed; choose one of {', '.join(EVALUATE)}")
-        if isinstance(eps_decay, bool) or not isinstance(eps_decay, (int, float)) or not 0 < eps_decay <= 1:
-            raise ValueError(f"aggregator.eps_decay={eps_decay!r} is not allowed; use a number in (0, 1] "
-                             "(1: a fixed ε; the authors' code: 0.996004 = 0.998²)")
-        if not isinstance(eps_per_client, bool):
-            raise ValueError(f"aggregator.eps_per_client={eps_per_client!r} is not allowed; use true or false")
         self.eps, self.evaluate = float(eps), evaluate
         self.eps_decay, self.eps_per_client = float(eps_decay), eps_per_client
         self.previous: Tensor | None = None  # this round's starting model, for the tested mean

@@ -18,7 +18,7 @@ default `server_funct=exp`, `whether_swa=none`), since SPEC leaves them open:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,54 +27,36 @@ from torch.func import functional_call
 
 from fedagg.aggregators.base import Aggregator, sample_weights
 from fedagg.aggregators.inputs import Needs, RoundInputs
+from fedagg.config.constraints import Items, Range, checked
 
-INITS = ("samples", "uniform")
-
-
-def _bad(key: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"aggregator.{key}={value!r} is not allowed; {allowed}")
-
-
-def _int(key: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _bad(key, value, f"use an integer >= {low}")
-    return value
-
-
-def _float(key: str, value: Any, ok, allowed: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise _bad(key, value, allowed)
-    return float(value)
+Count = Annotated[int, Range(ge=1, integer=True, words="use an integer >= 1")]
+Betas = Annotated[tuple[float, float], Items(Range(ge=0, lt=1), length=2, words="use two numbers in [0, 1), e.g. [0.5, 0.999]")]
 
 
 class FedLAW(Aggregator):
     """`conf/aggregator/fedlaw.yaml`: new global γ Σ_k λ_k W_k with (γ, λ) fitted on server data."""
 
+    @checked("aggregator.")
     def __init__(
         self,
-        proxy_size: int = 200,
-        server_epochs: int = 100,
-        server_lr: float = 0.01,
-        betas: tuple[float, float] = (0.5, 0.999),
-        server_batch_size: int = 128,
-        lr_decay_every: int = 20,
-        lr_decay: float = 0.5,
-        init_weights: str = "samples",
+        proxy_size: Count = 200,
+        server_epochs: Count = 100,
+        server_lr: Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0, e.g. 0.01")] = 0.01,
+        betas: Betas = (0.5, 0.999),
+        server_batch_size: Annotated[int, Range(ge=0, integer=True, words="use an integer >= 0")] = 128,  # 0: all
+        lr_decay_every: Count = 20,
+        lr_decay: Annotated[float, Range(gt=0, le=1, words="use a number in (0, 1]; 1 keeps the lr fixed")] = 0.5,
+        init_weights: Literal["samples", "uniform"] = "samples",
     ) -> None:
         super().__init__()
         # the loop holds the proxy set out of every client; training on it marks the run `uses_extra_data`
-        self.needs = Needs(server_samples=_int("proxy_size", proxy_size, 1), server_data=True)
-        self.server_epochs = _int("server_epochs", server_epochs, 1)
-        self.server_lr = _float("server_lr", server_lr, lambda v: 0 < v < float("inf"), "use a finite number > 0, e.g. 0.01")
-        pair = tuple(betas) if hasattr(betas, "__iter__") and not isinstance(betas, str) else ()  # YAML gives a ListConfig
-        if len(pair) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in pair):
-            raise _bad("betas", betas, "use two numbers in [0, 1), e.g. [0.5, 0.999]")
-        self.betas = tuple(float(b) for b in pair)
-        self.server_batch_size = _int("server_batch_size", server_batch_size, 0)  # 0: the whole proxy set
-        self.lr_decay_every = _int("lr_decay_every", lr_decay_every, 1)
-        self.lr_decay = _float("lr_decay", lr_decay, lambda v: 0 < v <= 1, "use a number in (0, 1]; 1 keeps the lr fixed")
-        if init_weights not in INITS:
-            raise _bad("init_weights", init_weights, f"choose one of {', '.join(INITS)}")
+        self.needs = Needs(server_samples=proxy_size, server_data=True)
+        self.server_epochs = server_epochs
+        self.server_lr = float(server_lr)
+        self.betas = tuple(float(b) for b in betas)
+        self.server_batch_size = server_batch_size  # 0: the whole proxy set
+        self.lr_decay_every = lr_decay_every
+        self.lr_decay = float(lr_decay)
         self.init_weights = init_weights
 
     def batches(self, num: int, generator: torch.Generator, device) -> list[list[Tensor]]:

@@ -8,38 +8,33 @@ Momentum is the momentum alone (the factor beta E / N replaced by 1, eq. 10-11).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.base import Aggregator, Weighting
 from fedagg.aggregators.inputs import RoundInputs
+from fedagg.config.constraints import Range, checked
 
 TINY_NORM = 1e-12  # below this N the mean update has no direction to stretch (SPEC)
 # The paper evaluates the plain average (section 4.1, step 5) and sends clients the stretched
 # model (step 6), whose own accuracy it calls "extremely poor": `evaluate: global` scores that one.
-EVALUATE = ("average", "global")
-
-
-def _number(key: str, value: Any, ok: Callable[[float], bool], allowed: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ValueError(f"aggregator.{key}={value!r} is not allowed; {allowed}")
-    return float(value)
+Evaluate = Literal["average", "global"]
+Beta = Annotated[float, Range(gt=0, words="use a positive number (paper: 0.6 to 1.1)")]
+Gamma = Annotated[float, Range(ge=0, lt=1, words="use a number in [0, 1) (paper: 0.6 to 0.9)")]
 
 
 class FedNNNN(Aggregator):
     """`conf/aggregator/fednnnn.yaml`: d <- gamma d + beta (E/N) a, w <- w + d; state: d [P]."""
 
-    def __init__(self, beta: float = 0.7, gamma: float = 0.8, weighting: str = "uniform",
-                 evaluate: str = "average") -> None:
+    @checked("aggregator.")
+    def __init__(self, beta: Beta = 0.7, gamma: Gamma = 0.8, weighting: Weighting = "uniform",
+                 evaluate: Evaluate = "average") -> None:
         # uniform by default: the paper's server is not told client sizes (SPEC)
         super().__init__(weighting)
-        if evaluate not in EVALUATE:
-            raise ValueError(f"aggregator.evaluate={evaluate!r} is not allowed; choose one of {', '.join(EVALUATE)}")
         self.evaluate = evaluate
-        self.beta = _number("beta", beta, lambda b: b > 0, "use a positive number (paper: 0.6 to 1.1)")
-        self.gamma = _number("gamma", gamma, lambda g: 0 <= g < 1, "use a number in [0, 1) (paper: 0.6 to 0.9)")
+        self.beta, self.gamma = float(beta), float(gamma)
         self.momentum: Tensor | None = None  # d_t, d_0 = 0
         self.average: Tensor | None = None  # this round's plain average w + a, the model `evaluate: average` tests
 
@@ -77,14 +72,14 @@ class FedNNNN(Aggregator):
 class NormNorm(FedNNNN):
     """`conf/aggregator/normnorm.yaml`: w <- w + beta (E/N) a (eq. 8), no momentum."""
 
-    def __init__(self, beta: float = 0.7, weighting: str = "uniform", evaluate: str = "average") -> None:
+    def __init__(self, beta: Beta = 0.7, weighting: Weighting = "uniform", evaluate: Evaluate = "average") -> None:
         super().__init__(beta=beta, gamma=0.0, weighting=weighting, evaluate=evaluate)
 
 
 class FedMomentum(FedNNNN):
     """`conf/aggregator/fedmomentum.yaml`: d <- gamma d + a, w <- w + d (eq. 10-11), no stretch."""
 
-    def __init__(self, gamma: float = 0.8, weighting: str = "uniform", evaluate: str = "average") -> None:
+    def __init__(self, gamma: Gamma = 0.8, weighting: Weighting = "uniform", evaluate: Evaluate = "average") -> None:
         super().__init__(beta=1.0, gamma=gamma, weighting=weighting, evaluate=evaluate)
 
     def scale(self, mean_norm: Tensor, norm_mean: Tensor) -> Tensor:

@@ -14,27 +14,17 @@ r the number of server steps taken, and v starting at 0 like that code's exp_avg
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.base import Aggregator, Weighting
 from fedagg.aggregators.inputs import RoundInputs
+from fedagg.config.constraints import Flag, Range, checked
 
-
-def _check(key: str, value: float, ok: bool, allowed: str) -> float:
-    if not ok:
-        raise ValueError(f"aggregator.{key}={value!r} is not allowed; {allowed}")
-    return float(value)
-
-
-def _check_bool(key: str, value: bool) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"aggregator.{key}={value!r} is not allowed; it must be true or false")
-    return value
-
-
-def _check_beta(key: str, value: float) -> float:
-    return _check(key, value, 0 <= value < 1, "it must be in [0, 1)")
+Rate = Annotated[float, Range(gt=0, words="it must be > 0")]
+Beta = Annotated[float, Range(ge=0, lt=1, words="it must be in [0, 1)")]
 
 
 def _clone(t: Tensor | None) -> Tensor | None:
@@ -44,10 +34,10 @@ def _clone(t: Tensor | None) -> Tensor | None:
 class FedAvgM(Aggregator):
     """`conf/aggregator/fedavgm.yaml`: b <- momentum * b + g; w <- w + lr * b (Hsu et al. 2019)."""
 
-    def __init__(self, weighting: str = "samples", lr: float = 1.0, momentum: float = 0.9) -> None:
+    @checked("aggregator.")
+    def __init__(self, weighting: Weighting = "samples", lr: Rate = 1.0, momentum: Beta = 0.9) -> None:
         super().__init__(weighting)
-        self.lr = _check("lr", lr, lr > 0, "it must be > 0")
-        self.momentum = _check_beta("momentum", momentum)
+        self.lr, self.momentum = float(lr), float(momentum)
         self.b: Tensor | None = None  # [P] server velocity; zeros before the first round
 
     def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
@@ -65,21 +55,19 @@ class FedAvgM(Aggregator):
 class FedOpt(Aggregator):
     """Adaptive server step w + lr * m / (sqrt(v) + tau); a subclass gives the v rule."""
 
+    @checked("aggregator.")
     def __init__(
         self,
-        weighting: str = "samples",
-        lr: float = 1e-2,
-        beta1: float = 0.9,
-        beta2: float = 0.99,
-        tau: float = 1e-3,
-        bias_correction: bool = False,
+        weighting: Weighting = "samples",
+        lr: Rate = 1e-2,
+        beta1: Beta = 0.9,
+        beta2: Beta = 0.99,
+        tau: Annotated[float, Range(ge=0, words="it must be >= 0")] = 1e-3,
+        bias_correction: Annotated[bool, Flag()] = False,
     ) -> None:
         super().__init__(weighting)
-        self.lr = _check("lr", lr, lr > 0, "it must be > 0")
-        self.beta1 = _check_beta("beta1", beta1)
-        self.beta2 = _check_beta("beta2", beta2)
-        self.tau = _check("tau", tau, tau >= 0, "it must be >= 0")
-        self.bias_correction = _check_bool("bias_correction", bias_correction)
+        self.lr, self.beta1, self.beta2, self.tau = float(lr), float(beta1), float(beta2), float(tau)
+        self.bias_correction = bias_correction
         self.m: Tensor | None = None  # [P] first moment
         self.v: Tensor | None = None  # [P] second moment
         self.steps = 0  # server steps taken: r of the bias correction

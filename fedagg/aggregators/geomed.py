@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.inputs import RoundInputs
-from fedagg.aggregators.robust import RobustRule, integer, positive, uniform
+from fedagg.aggregators.robust import Count, Positive, RobustRule, uniform
+from fedagg.config.constraints import checked
 
 
 def weiszfeld(points: Tensor, alpha: Tensor, nu: float, max_iter: int, tol: float) -> tuple[Tensor, int]:
@@ -33,10 +34,11 @@ def weiszfeld(points: Tensor, alpha: Tensor, nu: float, max_iter: int, tol: floa
 class GeoMed(RobustRule):
     """`conf/aggregator/geomed.yaml`: w + geometric median of the updates."""
 
-    def __init__(self, nu: float = 1e-6, max_iter: int = 10, tol: float = 1e-5, bucket_size: int = 1) -> None:
+    @checked("aggregator.")
+    def __init__(self, nu: Positive = 1e-6, max_iter: Count = 10, tol: Positive = 1e-5, bucket_size: Count = 1) -> None:
         super().__init__(bucket_size)
-        self.nu, self.tol = positive("nu", nu), positive("tol", tol)
-        self.max_iter = integer("max_iter", max_iter, 1)
+        self.nu, self.tol = float(nu), float(tol)
+        self.max_iter = max_iter
 
     def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
         alpha = num_samples / num_samples.sum()

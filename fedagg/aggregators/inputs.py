@@ -9,7 +9,7 @@ declared stays None, and `inputs.need(name)` says so in one line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from fedagg.clients.objectives import Objective
     from fedagg.clients.trainer import LocalSolver
 
-VAL_SOURCES = ("local", "server")
+ValSource = Literal["local", "server"]
+VAL_SOURCES = get_args(ValSource)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,17 @@ sampling decides, this is checked against clients_per_round before training.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.inputs import ClientSetup, RoundInputs
-from fedagg.aggregators.robust import RobustRule, assumed_corrupted, integer
+from fedagg.aggregators.robust import Count, RobustRule, assumed_corrupted
+from fedagg.config.constraints import Range, checked
+
+Corrupted = Annotated[int, Range(ge=0, integer=True, words="use an integer >= 0")]
+Fraction = Annotated[float, Range(ge=0, lt=0.5, words="it must be in [0, 0.5)")]
 
 
 def scores(models: Tensor, neighbours: int) -> Tensor:
@@ -28,11 +34,10 @@ def scores(models: Tensor, neighbours: int) -> Tensor:
 class Krum(RobustRule):
     """`conf/aggregator/krum.yaml`: the model with the lowest score; reported weight one-hot."""
 
-    def __init__(self, f: int | None = None, attack_fraction: float = 0.0, bucket_size: int = 1) -> None:
+    @checked("aggregator.")
+    def __init__(self, f: Corrupted | None = None, attack_fraction: Fraction = 0.0, bucket_size: Count = 1) -> None:
         super().__init__(bucket_size)
-        self.f = None if f is None else integer("f", f, 0)
-        if isinstance(attack_fraction, bool) or not 0 <= attack_fraction < 0.5:
-            raise ValueError(f"aggregator.attack_fraction={attack_fraction!r} is not allowed; it must be in [0, 0.5)")
+        self.f = f
         self.attack_fraction = float(attack_fraction)
 
     def corrupted(self, k: int) -> int:
@@ -63,10 +68,11 @@ class Krum(RobustRule):
 class MultiKrum(Krum):
     """`conf/aggregator/multikrum.yaml`: the mean of the m lowest-scoring models (m = K − f by default)."""
 
-    def __init__(self, f: int | None = None, attack_fraction: float = 0.0, m: int | None = None,
-                 bucket_size: int = 1) -> None:
+    @checked("aggregator.")
+    def __init__(self, f: Corrupted | None = None, attack_fraction: Fraction = 0.0, m: Count | None = None,
+                 bucket_size: Count = 1) -> None:
         super().__init__(f, attack_fraction, bucket_size)
-        self.m = None if m is None else integer("m", m, 1)
+        self.m = m
 
     def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
         k = models.shape[0]

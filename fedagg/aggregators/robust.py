@@ -10,25 +10,19 @@ equally among the bucket.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.blocks import column_blocks
 from fedagg.aggregators.inputs import RoundInputs
+from fedagg.config.constraints import Range, checked
 from fedagg.data.seeding import generator
 
-
-def integer(key: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"aggregator.{key}={value!r} is not allowed; use an integer >= {low}")
-    return value
-
-
-def positive(key: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ValueError(f"aggregator.{key}={value!r} is not allowed; use a finite number > 0")
-    return float(value)
+Count = Annotated[int, Range(ge=1, integer=True, words="use an integer >= 1")]
+Positive = Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0")]
 
 
 def buckets(k: int, size: int, g: torch.Generator, device) -> Tensor:
@@ -43,9 +37,10 @@ def buckets(k: int, size: int, g: torch.Generator, device) -> Tensor:
 class RobustRule(Aggregator):
     """Bucketing and weight reporting; a subclass implements `combine`."""
 
-    def __init__(self, bucket_size: int = 1) -> None:
+    @checked("aggregator.")
+    def __init__(self, bucket_size: Count = 1) -> None:
         super().__init__("uniform")
-        self.bucket_size = integer("bucket_size", bucket_size, 1)
+        self.bucket_size = bucket_size
 
     def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
         """(new global [P], the weight each of the B models counted with [B], summing to 1)."""

@@ -11,12 +11,15 @@ w ← w + η_g Σ_k p_k Δ_k and c ← c + (1/N) Σ_k Δc_k over all N clients.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.base import Aggregator, Weighting
 from fedagg.aggregators.inputs import Needs, RoundInputs
 from fedagg.clients.objectives import LocalWork, Objective
+from fedagg.config.constraints import Range, checked
 
 
 class ScaffoldClient(Objective):
@@ -54,10 +57,10 @@ class ScaffoldClient(Objective):
 class Scaffold(Aggregator):
     """`conf/aggregator/scaffold.yaml`: w ← w + η_g Σ_k p_k Δ_k;  c ← c + (1/N) Σ_k Δc_k; state: c."""
 
-    def __init__(self, lr: float = 1.0, weighting: str = "uniform", client: ScaffoldClient | None = None) -> None:
+    @checked("aggregator.")
+    def __init__(self, lr: Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0 (the paper: 1)")] = 1.0,
+                 weighting: Weighting = "uniform", client: ScaffoldClient | None = None) -> None:
         super().__init__(weighting)  # uniform: the paper's server averages the participants
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < float("inf"):
-            raise ValueError(f"aggregator.lr={lr!r} is not allowed; use a finite number > 0 (the paper: 1)")
         self.lr = float(lr)
         self.client = ScaffoldClient() if client is None else client
         self.needs = Needs(client_half=self.client)

@@ -7,20 +7,25 @@ of the kept values that are its own.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.robust import CoordinateWise
+from fedagg.aggregators.robust import CoordinateWise, Count
+from fedagg.config.constraints import Range, checked
+
+# with 0.5 or more every value is trimmed away
+Beta = Annotated[float, Range(ge=0, lt=0.5, words="it must be in [0, 0.5): with 0.5 or more the trimmed mean trims "
+                                                  "every value away")]
 
 
 class TrimmedMean(CoordinateWise):
     """`conf/aggregator/trimmed_mean.yaml`."""
 
-    def __init__(self, beta: float = 0.1, bucket_size: int = 1) -> None:
+    @checked("aggregator.")
+    def __init__(self, beta: Beta = 0.1, bucket_size: Count = 1) -> None:
         super().__init__(bucket_size)
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 0.5:
-            raise ValueError(f"aggregator.beta={beta!r} is not allowed; it must be in [0, 0.5): with 0.5 or more "
-                             "the trimmed mean trims every value away")
         self.beta = float(beta)
 
     def combine_columns(self, models: Tensor) -> tuple[Tensor, Tensor]:

@@ -9,19 +9,24 @@ those clients send, after local training and before aggregation.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
+from fedagg.config.constraints import Range, checked
 from fedagg.data.seeding import generator
+
+# a majority of corrupted clients is beyond what any aggregation rule can be asked to survive
+Fraction = Annotated[float, Range(ge=0, lt=0.5, words="it must be in [0, 0.5): a majority of corrupted clients is "
+                                                      "beyond what any aggregation rule can be asked to survive")]
 
 
 class Attack:
     """No corrupted client."""
 
-    def __init__(self, fraction: float = 0.0) -> None:
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 0.5:
-            raise ValueError(f"attack.fraction={fraction!r} is not allowed; it must be in [0, 0.5): a majority of "
-                             "corrupted clients is beyond what any aggregation rule can be asked to survive")
+    @checked("attack.")
+    def __init__(self, fraction: Fraction = 0.0) -> None:
         self.fraction = float(fraction)
 
     def corrupted_clients(self, seed: int, num_clients: int) -> list[int]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from fedagg.attacks.base import Attack
+from fedagg.attacks.base import Attack, Fraction
 
 
 class LabelFlip(Attack):
-    def __init__(self, fraction: float = 0.2) -> None:
+    def __init__(self, fraction: Fraction = 0.2) -> None:
         super().__init__(fraction)
 
     def poison_labels(self, labels: Tensor, indices: Tensor, num_classes: int) -> Tensor:

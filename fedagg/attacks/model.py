@@ -10,17 +10,15 @@ w − ε μ. All attackers of a round send the same update in ALIE and IPM (they
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from fedagg.attacks.base import Attack
+from fedagg.attacks.base import Attack, Fraction
+from fedagg.config.constraints import Range, checked
 
-
-def _positive(key: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ValueError(f"attack.{key}={value!r} is not allowed; use a finite number > 0")
-    return float(value)
+Positive = Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0")]
 
 
 def honest_moments(updates: Tensor, corrupted: Tensor) -> tuple[Tensor, Tensor]:
@@ -33,9 +31,10 @@ def honest_moments(updates: Tensor, corrupted: Tensor) -> tuple[Tensor, Tensor]:
 class SignFlip(Attack):
     """`attack=sign_flip`: Δ → −s Δ."""
 
-    def __init__(self, fraction: float = 0.2, scale: float = 1.0) -> None:
+    @checked("attack.")
+    def __init__(self, fraction: Fraction = 0.2, scale: Positive = 1.0) -> None:
         super().__init__(fraction)
-        self.scale = _positive("scale", scale)
+        self.scale = float(scale)
 
     def corrupt(self, global_params, client_params, corrupted, g):
         flipped = global_params - self.scale * (client_params - global_params)
@@ -45,9 +44,10 @@ class SignFlip(Attack):
 class Gaussian(Attack):
     """`attack=gaussian`: W ← N(0, σ²), drawn from the stream (seed, "attack", round)."""
 
-    def __init__(self, fraction: float = 0.2, sigma: float = 1.0) -> None:
+    @checked("attack.")
+    def __init__(self, fraction: Fraction = 0.2, sigma: Positive = 1.0) -> None:
         super().__init__(fraction)
-        self.sigma = _positive("sigma", sigma)
+        self.sigma = float(sigma)
 
     def corrupt(self, global_params, client_params, corrupted, g):
         noise = self.sigma * torch.randn(client_params.shape, generator=g).to(client_params)
@@ -64,9 +64,10 @@ def alie_z(n: int, f: int) -> float:
 class ALIE(Attack):
     """`attack=alie`: every attacker sends w + μ − z σ (z from the paper's formula, or given)."""
 
-    def __init__(self, fraction: float = 0.2, z: float | None = None) -> None:
+    @checked("attack.")
+    def __init__(self, fraction: Fraction = 0.2, z: Positive | None = None) -> None:
         super().__init__(fraction)
-        self.z = None if z is None else _positive("z", z)
+        self.z = None if z is None else float(z)
 
     def corrupt(self, global_params, client_params, corrupted, g):
         updates = client_params - global_params
@@ -78,9 +79,10 @@ class ALIE(Attack):
 class IPM(Attack):
     """`attack=ipm`: every attacker sends w − ε μ."""
 
-    def __init__(self, fraction: float = 0.2, epsilon: float = 0.5) -> None:
+    @checked("attack.")
+    def __init__(self, fraction: Fraction = 0.2, epsilon: Positive = 0.5) -> None:
         super().__init__(fraction)
-        self.epsilon = _positive("epsilon", epsilon)
+        self.epsilon = float(epsilon)
 
     def corrupt(self, global_params, client_params, corrupted, g):
         mean, _ = honest_moments(client_params - global_params, corrupted)

@@ -11,8 +11,11 @@ which may also send the server a payload per client (e.g. a control-variate delt
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 from torch import Tensor
+
+from fedagg.config.constraints import Range, checked
 
 
 def squared_distance(params: list[Tensor], anchor: list[Tensor]) -> Tensor:
@@ -60,9 +63,8 @@ class FedProx(Objective):
 
     adds_to_loss = True
 
-    def __init__(self, mu: float = 0.01) -> None:
-        if not mu >= 0:
-            raise ValueError(f"client.objective.mu={mu!r} is not allowed; it must be >= 0")
+    @checked("client.objective.")
+    def __init__(self, mu: Annotated[float, Range(ge=0, words="it must be >= 0")] = 0.01) -> None:
         self.mu = self.proximal_mu = mu
 
     def penalty(self, params, anchor, state):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +24,11 @@ from fedagg.clients.batches import BatchPlan, num_steps
 from fedagg.clients.client import ClientData
 from fedagg.clients.objectives import LocalWork, Objective
 from fedagg.clients.stacked_sgd import StackedSGD
+from fedagg.config.constraints import Items, Range, checked
 from fedagg.models.flat import unflatten
 
-SCHEDULES = ("constant", "exponential", "multistep")
+Count = Annotated[int, Range(ge=1, integer=True, words="it must be an integer >= 1")]
+Fraction = Annotated[float, Range(ge=0, lt=1, words="it must be in [0, 1), or null")]
 
 
 @dataclass(frozen=True)
@@ -45,35 +48,26 @@ def _check(condition: bool, key: str, value, allowed: str) -> None:
 
 
 class LocalSGD:
+    @checked("client.")
     def __init__(
         self,
-        lr: float = 0.05,
-        momentum: float = 0.0,
+        lr: Annotated[float, Range(gt=0, words="it must be > 0")] = 0.05,
+        momentum: Annotated[float, Range(ge=0, lt=1, words="it must be in [0, 1)")] = 0.0,
         nesterov: bool = False,
-        weight_decay: float = 0.0,
-        local_epochs: int = 1,
-        batch_size: int = 32,
-        schedule: str = "constant",
-        decay: float = 1.0,
-        milestones: tuple[float, ...] = (0.5, 0.75),
-        gamma: float = 0.1,
+        weight_decay: Annotated[float, Range(ge=0, words="it must be >= 0")] = 0.0,
+        local_epochs: Count = 1,
+        batch_size: Count = 32,
+        schedule: Literal["constant", "exponential", "multistep"] = "constant",
+        decay: Annotated[float, Range(gt=0, le=1, words="it must be in (0, 1], the per-round factor such as 0.99")] = 1.0,
+        milestones: Annotated[tuple[float, ...], Items(Range(gt=0, lt=1),
+                                                       words="each must be a fraction of the rounds in (0, 1)")] = (0.5, 0.75),
+        gamma: Annotated[float, Range(gt=0, le=1, words="it must be in (0, 1]")] = 0.1,
         keep_optimizer_state: bool = False,
-        val_frac: float | None = None,
-        test_frac: float | None = None,
+        val_frac: Fraction | None = None,
+        test_frac: Fraction | None = None,
         objective: Objective | None = None,
     ) -> None:
-        _check(lr > 0, "lr", lr, "it must be > 0")
-        _check(0 <= momentum < 1, "momentum", momentum, "it must be in [0, 1)")
         _check(not nesterov or momentum > 0, "nesterov", nesterov, "Nesterov needs client.momentum > 0")
-        _check(weight_decay >= 0, "weight_decay", weight_decay, "it must be >= 0")
-        _check(int(local_epochs) == local_epochs and local_epochs >= 1, "local_epochs", local_epochs, "it must be an integer >= 1")
-        _check(int(batch_size) == batch_size and batch_size >= 1, "batch_size", batch_size, "it must be an integer >= 1")
-        _check(schedule in SCHEDULES, "schedule", schedule, f"choose one of {', '.join(SCHEDULES)}")
-        _check(0 < decay <= 1, "decay", decay, "it must be in (0, 1], the per-round factor such as 0.99")
-        _check(all(0 < m < 1 for m in milestones), "milestones", list(milestones), "each must be a fraction of the rounds in (0, 1)")
-        _check(0 < gamma <= 1, "gamma", gamma, "it must be in (0, 1]")
-        _check(val_frac is None or 0 <= val_frac < 1, "val_frac", val_frac, "it must be in [0, 1), or null")
-        _check(test_frac is None or 0 <= test_frac < 1, "test_frac", test_frac, "it must be in [0, 1), or null")
         self.lr, self.momentum, self.nesterov, self.weight_decay = lr, momentum, nesterov, weight_decay
         self.local_epochs, self.batch_size = int(local_epochs), int(batch_size)
         self.schedule, self.decay, self.milestones, self.gamma = schedule, decay, tuple(sorted(milestones)), gamma

@@ -9,12 +9,14 @@ engines must match.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
 
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
+from fedagg.config.constraints import Range, checked
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,8 @@ class RoundResult:
 class Engine:
     """Shared options; a subclass implements `train_round`."""
 
-    def __init__(self, eval_batch_size: int = 1024) -> None:
-        if isinstance(eval_batch_size, bool) or not isinstance(eval_batch_size, int) or eval_batch_size < 1:
-            raise ValueError(f"engine.eval_batch_size={eval_batch_size!r} is not allowed; it must be an integer >= 1")
+    @checked("engine.")
+    def __init__(self, eval_batch_size: Annotated[int, Range(ge=1, integer=True)] = 1024) -> None:
         self.eval_batch_size = eval_batch_size
 
     def check(self, trainer: LocalSGD) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor, nn
@@ -21,23 +22,21 @@ from torch.func import functional_call, vmap
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.clients.validation import ValidationPlan
+from fedagg.config.constraints import Range, checked
 from fedagg.engines._packed import pack, stacked_channels_last
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
 from fedagg.engines.memory import CPU_CHUNK, auto_chunk_size
 from fedagg.models.flat import unflatten
 
-PRECISIONS = ("fp32", "bf16")
+ChunkSize = Annotated[int | str, Range(ge=1, integer=True, also=("auto",), words="use auto or an integer >= 1")]
 log = logging.getLogger(__name__)
 
 
 class ParallelEngine(Engine):
-    def __init__(self, eval_batch_size: int = 1024, chunk_size: int | str = "auto", precision: str = "fp32",
-                 channels_last: bool = False, compile: bool = False) -> None:
+    @checked("engine.")
+    def __init__(self, eval_batch_size: Annotated[int, Range(ge=1, integer=True)] = 1024, chunk_size: ChunkSize = "auto",
+                 precision: Literal["fp32", "bf16"] = "fp32", channels_last: bool = False, compile: bool = False) -> None:
         super().__init__(eval_batch_size)
-        if chunk_size != "auto" and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-            raise ValueError(f"engine.chunk_size={chunk_size!r} is not allowed; use auto or an integer >= 1")
-        if precision not in PRECISIONS:
-            raise ValueError(f"engine.precision={precision!r} is not allowed; choose one of {', '.join(PRECISIONS)}")
         self.chunk_size: int | str = chunk_size  # "auto" until the first round resolves it (engines/memory.py)
         self.precision, self.channels_last, self.compile = precision, bool(channels_last), bool(compile)
         self._model: nn.Module | None = None

@@ -5,7 +5,9 @@ constructor (or function) its `_target_` names: its parameters are the keys it a
 their annotations the types. OmegaConf's own validation does the typing (a boolean is not
 an integer, "abc" is not a float), and fedagg turns its errors, an unknown key (with the
 nearest known one) and a non-finite number into one line naming the key, the value and
-what is allowed. A top-level key is known when fedagg reads it, when another setting
+what is allowed. The ranges and choices a parameter declares in its annotation
+(`fedagg.config.constraints`: `Annotated[float, Range(...)]`, `Literal[...]`) are checked here
+too, in the words its constructor would use. A top-level key is known when fedagg reads it, when another setting
 interpolates it (a table's `method`), or when it is the table layout the scripts read.
 """
 
@@ -24,6 +26,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
+from fedagg.config.constraints import check, constraints
 from fedagg.loop import threads
 
 META_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
@@ -145,9 +148,9 @@ def check_node(node: DictConfig, prefix: str) -> None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return  # it takes any keyword: nothing to check against
     try:
-        hints = typing.get_type_hints(function)
+        hints, declared = typing.get_type_hints(function), constraints(function)
     except (NameError, TypeError):  # an annotation that names what only a type checker imports: check no types
-        hints = {}
+        hints, declared = {}, {}
     plain = {}
     for key in node:
         if key in META_KEYS:
@@ -166,6 +169,7 @@ def check_node(node: DictConfig, prefix: str) -> None:
     except ValidationError as err:
         raise _refuse_type(prefix, err, values, schema) from None
     _finite(prefix, typed, [k for k, h in plain.items() if _omegaconf_type(h) in (float, Optional[float])])
+    check(prefix, declared, OmegaConf.to_container(values, resolve=True))  # the values as the constructor gets them
 
 
 def _interpolated(cfg: DictConfig) -> set[str]:

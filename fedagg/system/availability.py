@@ -9,23 +9,23 @@ on average, most clients between 0.2 and 0.8.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from fedagg.data.seeding import generator, stream_seed
+from fedagg.config.constraints import Range, checked
 from fedagg.system.base import System
 
-
-def _positive(key: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ValueError(f"system.{key}={value!r} is not allowed; it must be a finite number > 0 (a Beta parameter)")
-    return float(value)
+BetaParameter = Annotated[float, Range(gt=0, lt=float("inf"), words="it must be a finite number > 0 (a Beta parameter)")]
 
 
 class Availability(System):
-    def __init__(self, a: float = 2.0, b: float = 2.0) -> None:
-        self.a, self.b = _positive("a", a), _positive("b", b)
+    @checked("system.")
+    def __init__(self, a: BetaParameter = 2.0, b: BetaParameter = 2.0) -> None:
+        self.a, self.b = float(a), float(b)
 
     def rates(self, seed: int, num_clients: int) -> Tensor:
         """q_k for every client: the same in every round and for every aggregator of this seed."""

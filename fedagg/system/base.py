@@ -9,16 +9,14 @@ The loop applies the first two; the engines run the budgets as part of local tra
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from torch import Tensor
 
+from fedagg.config.constraints import Range
 
-def probability(key: str, value, *, below_one: bool = False) -> float:
-    """A setting in [0, 1] (or [0, 1)), refused with its key and the allowed range."""
-    number = not isinstance(value, bool) and isinstance(value, (int, float))
-    if not (number and 0 <= value <= 1 and not (below_one and value == 1)):
-        allowed = "[0, 1)" if below_one else "[0, 1]"
-        raise ValueError(f"system.{key}={value!r} is not allowed; it must be a number in {allowed}")
-    return float(value)
+Probability = Annotated[float, Range(ge=0, le=1, words="it must be a number in [0, 1]")]
+BelowOne = Annotated[float, Range(ge=0, lt=1, words="it must be a number in [0, 1)")]
 
 
 class System:

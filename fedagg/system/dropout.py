@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import torch
 
+from fedagg.config.constraints import checked
 from fedagg.data.seeding import generator
-from fedagg.system.base import System, probability
+from fedagg.system.base import BelowOne, System
 
 
 class Dropout(System):
-    def __init__(self, p: float = 0.2) -> None:
-        self.p = probability("p", p, below_one=True)  # p = 1 would leave every round empty
+    @checked("system.")
+    def __init__(self, p: BelowOne = 0.2) -> None:  # p = 1 would leave every round empty
+        self.p = float(p)
 
     def reporting(self, seed: int, round: int, sampled: list[int]) -> list[int]:
         draws = torch.rand(len(sampled), generator=generator(seed, "dropout", round)).tolist()

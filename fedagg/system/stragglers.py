@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import torch
 
+from fedagg.config.constraints import checked
 from fedagg.data.seeding import generator
-from fedagg.system.base import System, probability
+from fedagg.system.base import Probability, System
 
 
 class Stragglers(System):
-    def __init__(self, fraction: float = 0.5) -> None:
-        self.fraction = probability("fraction", fraction)
+    @checked("system.")
+    def __init__(self, fraction: Probability = 0.5) -> None:
+        self.fraction = float(fraction)
 
     def budgets(self, seed: int, round: int, ids: list[int], full: list[int]) -> list[int]:
         g = generator(seed, "stragglers", round)

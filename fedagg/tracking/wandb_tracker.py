@@ -10,25 +10,25 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
+from typing import Literal
 
+from fedagg.config.constraints import checked
 from fedagg.tracking.base import Tracker
 
-MODES = ("online", "offline", "disabled")
 log = logging.getLogger(__name__)
 
 
 class WandbTracker(Tracker):
+    @checked("logger.")
     def __init__(
         self,
         project: str = "fedagg",
         entity: str | None = None,
-        mode: str = "offline",
+        mode: Literal["online", "offline", "disabled"] = "offline",
         group: str | None = None,
         tags: list[str] | None = None,
         name: str | None = None,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"logger.mode={mode!r} is not allowed; choose one of {', '.join(MODES)}")
         self.project, self.entity, self.mode = project, entity, mode
         self.group, self.tags, self.name = group, list(tags or []), name
         self.run = None
