@@ -120,7 +120,7 @@ def test_n_class_null_size_is_largest_equal_size(k, expected):
 
 
 def test_n_class_pool_too_small_names_the_class():
-    with pytest.raises(ValueError, match=r"samples_per_client=501 .*class \d+ .*501 .*only 500.*smaller samples_per_client"):
+    with pytest.raises(ValueError, match=r"^partition\.samples_per_client=501 .*class \d+ .*501 .*only 500.*smaller partition\.samples_per_client"):
         split("n_class", 5, classes_per_client=1, samples_per_client=501)
 
 
@@ -285,3 +285,28 @@ def test_every_yaml_instantiates_to_a_valid_split():
     for name in names:
         fn = instantiate(OmegaConf.load(CONF / f"{name}.yaml"))
         assert_valid(fn(labels, 10, generator=torch.Generator().manual_seed(0)), 10, labels.numel())
+
+
+def test_messages_name_the_partition_keys_as_the_command_line_spells_them():
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError) as err:
+        P.dirichlet(LABELS, 10, generator=g, alpha=0)
+    assert str(err.value) == ("partition.alpha=0 is not allowed: it must be a finite number greater than 0.0 "
+                              "(smaller is more skewed)")
+    with pytest.raises(ValueError) as err:
+        P.n_class(LABELS, 10, generator=g, classes_per_client=11)
+    assert str(err.value) == ("partition.classes_per_client=11 is not allowed: it must be between 1 and 10 "
+                              "(the number of classes present)")
+    with pytest.raises(ValueError) as err:
+        P.power_law(LABELS, 10, generator=g, min_size=501)
+    assert str(err.value).startswith("partition.min_size=501 is not allowed: it must be between 0 and 500")
+
+
+def test_dirichlet_with_min_size_0_says_it_wanted_one_sample_per_client():
+    """min_size=0 still asks for one sample (no client is empty): the message says so, not 'min_size=0 samples'."""
+    with pytest.raises(ValueError) as err:
+        split("dirichlet", 100, seed=0, alpha=0.001, min_size=0, max_retries=2)
+    assert str(err.value) == (
+        "dirichlet split failed: in partition.max_retries=2 draws with partition.alpha=0.001 and num_clients=100, "
+        "no draw gave every client one sample, as no client may be empty (partition.min_size=0) (the best smallest "
+        "client had 0); raise partition.alpha, use fewer clients or raise partition.max_retries")

@@ -139,7 +139,7 @@ def iid(labels: Tensor, num_clients: int, *, generator: torch.Generator,
     labels, num_clients = _prepare(labels, num_clients)
     n = labels.numel()
     if samples_per_client is not None:
-        samples_per_client = _check_int("samples_per_client", samples_per_client, 1, n // num_clients,
+        samples_per_client = _check_int("partition.samples_per_client", samples_per_client, 1, n // num_clients,
                                         f" so that num_clients={num_clients} clients fit in {n} samples")
     perm = torch.randperm(n, generator=generator)
     if samples_per_client is None:
@@ -151,7 +151,7 @@ def shards(labels: Tensor, num_clients: int, *, generator: torch.Generator, shar
     """McMahan's pathological non-IID: label-sorted data cut into near-equal shards, dealt out at random."""
     labels, num_clients = _prepare(labels, num_clients)
     n = labels.numel()
-    spc = _check_int("shards_per_client", shards_per_client, 1, n // num_clients,
+    spc = _check_int("partition.shards_per_client", shards_per_client, 1, n // num_clients,
                      f" so that num_clients={num_clients} × shards_per_client shards of one sample at least fit in {n}")
     perm = torch.randperm(n, generator=generator)
     # shuffling first makes which samples of a class share a shard random too
@@ -171,23 +171,24 @@ def n_class(labels: Tensor, num_clients: int, *, generator: torch.Generator, cla
     labels, num_clients = _prepare(labels, num_clients)
     n = labels.numel()
     present, counts = torch.unique(labels, return_counts=True)
-    cpc = _check_int("classes_per_client", classes_per_client, 1, len(present), " (the number of classes present)")
+    cpc = _check_int("partition.classes_per_client", classes_per_client, 1, len(present), " (the number of classes present)")
     if samples_per_client is not None:
-        samples_per_client = _check_int("samples_per_client", samples_per_client, cpc, n // num_clients,
+        samples_per_client = _check_int("partition.samples_per_client", samples_per_client, cpc, n // num_clients,
                                         f" (one sample per class at least; num_clients={num_clients} must fit in {n})")
     choice = _balanced_classes(len(present), num_clients, cpc, generator)
     if samples_per_client is None:
         size = _largest_fit(cpc, n // num_clients,
                             lambda s: bool((_demand(choice, torch.full((num_clients,), s), len(present)) <= counts).all()))
         if size is None:
-            raise ValueError(f"samples_per_client=None cannot be met: the class pools cannot give each of "
-                             f"num_clients={num_clients} clients one sample from each of its classes_per_client={cpc} "
-                             f"classes; use fewer clients or a smaller classes_per_client")
+            raise ValueError(f"partition.samples_per_client=None cannot be met: the class pools cannot give each of "
+                             f"num_clients={num_clients} clients one sample from each of its "
+                             f"partition.classes_per_client={cpc} classes; use fewer clients or a smaller "
+                             f"partition.classes_per_client")
     else:
         size = samples_per_client
     sizes = torch.full((num_clients,), size)
-    _check_supply(present, counts, choice, sizes, f"samples_per_client={samples_per_client}",
-                  "use a smaller samples_per_client (or null for the largest that fits)")
+    _check_supply(present, counts, choice, sizes, f"partition.samples_per_client={samples_per_client}",
+                  "use a smaller partition.samples_per_client (or null for the largest that fits)")
     return _draw(_class_pools(labels, present, generator), choice, sizes)
 
 
@@ -196,10 +197,10 @@ def dirichlet(labels: Tensor, num_clients: int, *, generator: torch.Generator, a
     """Per class, proportions over clients ~ Dir(alpha); redrawn until every client has `min_size`."""
     labels, num_clients = _prepare(labels, num_clients)
     n = labels.numel()
-    alpha = _check_real("alpha", alpha, 0.0, strict=True, why=" (smaller is more skewed)")
-    min_size = _check_int("min_size", min_size, 0, n // num_clients,
+    alpha = _check_real("partition.alpha", alpha, 0.0, strict=True, why=" (smaller is more skewed)")
+    min_size = _check_int("partition.min_size", min_size, 0, n // num_clients,
                           f" so that num_clients={num_clients} clients of min_size fit in {n} samples")
-    max_retries = _check_int("max_retries", max_retries, 1)
+    max_retries = _check_int("partition.max_retries", max_retries, 1)
     need = max(min_size, 1)  # clients are never empty, whatever min_size says
     present = torch.unique(labels)
     pools = _class_pools(labels, present, generator)
@@ -213,10 +214,14 @@ def dirichlet(labels: Tensor, num_clients: int, *, generator: torch.Generator, a
             pieces = [pool.tensor_split(c.tolist()) for c, pool in zip(cuts, pools)]
             return [torch.cat([p[k] for p in pieces]) for k in range(num_clients)]
         smallest = max(smallest, int(sizes.min()))
-    raise ValueError(f"dirichlet split failed: in max_retries={max_retries} draws with alpha={alpha} and "
-                     f"num_clients={num_clients}, no draw gave every client min_size={min_size} samples "
-                     f"(the best smallest client had {smallest}); raise alpha, lower min_size, use fewer "
-                     f"clients or raise max_retries")
+    # `need`, not min_size: a client is never empty, so min_size=0 asks for one sample as 1 does
+    wanted = (f"partition.min_size={min_size} samples" if min_size >= 1
+              else "one sample, as no client may be empty (partition.min_size=0)")
+    raise ValueError(f"dirichlet split failed: in partition.max_retries={max_retries} draws with partition.alpha="
+                     f"{alpha} and num_clients={num_clients}, no draw gave every client {wanted} "
+                     f"(the best smallest client had {smallest}); raise partition.alpha"
+                     f"{', lower partition.min_size' if min_size > 1 else ''}, use fewer clients or raise "
+                     f"partition.max_retries")
 
 
 def power_law(labels: Tensor, num_clients: int, *, generator: torch.Generator, exponent: float = 1.5,
@@ -232,18 +237,18 @@ def power_law(labels: Tensor, num_clients: int, *, generator: torch.Generator, e
     """
     labels, num_clients = _prepare(labels, num_clients)
     n = labels.numel()
-    exponent = _check_real("exponent", exponent, 0.0, strict=False)
+    exponent = _check_real("partition.exponent", exponent, 0.0, strict=False)
     if label_dist not in ("iid", "n_class"):
-        _fail("label_dist", label_dist, "it must be 'iid' or 'n_class'")
+        _fail("partition.label_dist", label_dist, "it must be 'iid' or 'n_class'")
     present, counts = torch.unique(labels, return_counts=True)
     cpc = 1
     if label_dist == "n_class":
-        cpc = _check_int("classes_per_client", classes_per_client, 1, len(present), " (the number of classes present)")
-    min_size = _check_int("min_size", min_size, 0, n // num_clients,
+        cpc = _check_int("partition.classes_per_client", classes_per_client, 1, len(present), " (the number of classes present)")
+    min_size = _check_int("partition.min_size", min_size, 0, n // num_clients,
                           f" so that num_clients={num_clients} clients of min_size fit in {n} samples")
     floor = max(min_size, cpc, 1)  # an n_class client needs a sample from each of its classes
     if floor * num_clients > n:
-        _fail("classes_per_client", cpc, f"num_clients={num_clients} clients with one sample per class exceed {n} samples")
+        _fail("partition.classes_per_client", cpc, f"num_clients={num_clients} clients with one sample per class exceed {n} samples")
     rank = torch.randperm(num_clients, generator=generator) + 1  # which client gets which size is random
     weight = rank.double() ** -exponent
     weight /= weight.sum()
@@ -259,9 +264,9 @@ def power_law(labels: Tensor, num_clients: int, *, generator: torch.Generator, e
     choice = _capacity_classes(counts, sizes_for(spare), cpc, generator)
     budget = _largest_fit(0, spare, lambda b: bool((_demand(choice, sizes_for(b), len(present)) <= counts).all()))
     if budget is None:
-        raise ValueError(f"min_size={min_size} cannot be met: with classes_per_client={cpc} the class pools cannot "
-                         f"give each of num_clients={num_clients} clients {floor} samples; lower min_size, use fewer "
-                         f"clients or raise classes_per_client")
+        raise ValueError(f"partition.min_size={min_size} cannot be met: with partition.classes_per_client={cpc} the "
+                         f"class pools cannot give each of num_clients={num_clients} clients {floor} samples; lower "
+                         f"partition.min_size, use fewer clients or raise partition.classes_per_client")
     return _draw(_class_pools(labels, present, generator), choice, sizes_for(budget))
 
 
@@ -284,10 +289,10 @@ def mixed(labels: Tensor, num_clients: int, *, generator: torch.Generator, num_i
         raise ValueError(f"partition.class_choice={class_choice!r} is not allowed; choose one of {', '.join(CLASS_CHOICES)}")
     labels, num_clients = _prepare(labels, num_clients)
     n = labels.numel()
-    num_iid = _check_int("num_iid", num_iid, 0, num_clients, f" (num_clients={num_clients})")
+    num_iid = _check_int("partition.num_iid", num_iid, 0, num_clients, f" (num_clients={num_clients})")
     present = torch.unique(labels)
-    cpc = _check_int("classes_per_client", classes_per_client, 1, len(present), " (the number of classes present)")
-    spc = _check_int("samples_per_client", samples_per_client, cpc, n // num_clients,
+    cpc = _check_int("partition.classes_per_client", classes_per_client, 1, len(present), " (the number of classes present)")
+    spc = _check_int("partition.samples_per_client", samples_per_client, cpc, n // num_clients,
                      f" (one sample per class at least; num_clients={num_clients} must fit in {n})")
     perm = torch.randperm(n, generator=generator)
     # IID clients draw from the whole training set, as in the paper; the others from what is left
@@ -299,7 +304,7 @@ def mixed(labels: Tensor, num_clients: int, *, generator: torch.Generator, num_i
     pick = _random_classes if class_choice == "random" else _balanced_classes
     choice = pick(len(present), num_clients - num_iid, cpc, generator)
     sizes = torch.full((num_clients - num_iid,), spc)
-    _check_supply(present, left, choice, sizes, f"samples_per_client={spc}",
-                  "use a smaller samples_per_client or fewer IID clients (num_iid)"
-                  + (", or class_choice=balanced" if class_choice == "random" else ""))
+    _check_supply(present, left, choice, sizes, f"partition.samples_per_client={spc}",
+                  "use a smaller partition.samples_per_client or fewer IID clients (partition.num_iid)"
+                  + (", or partition.class_choice=balanced" if class_choice == "random" else ""))
     return parts + _draw(_class_pools(labels, present, generator, rest), choice, sizes)
