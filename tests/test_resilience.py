@@ -133,8 +133,23 @@ BAD_INPUT = [
     ("engine.eval_batch_size=0", r"^engine.eval_batch_size=0 is not allowed"),
     ("client/objective=fedprox client.objective.mu=-1", r"^client.objective.mu=-1 is not allowed"),
     ("aggregator=abavg client.val_frac=0.0", r"val_source=local\), but client.val_frac=0.0; set client.val_frac"),
-    ("partition.alpha=0", r"alpha=0 is not allowed"),
-    ("partition=n_class partition.classes_per_client=11", r"classes_per_client=11 is not allowed"),
+    ("partition.alpha=0", r"^partition.alpha=0 is not allowed: it must be a finite number greater than 0.0 \(smaller "
+                          r"is more skewed\)$"),
+    ("partition=n_class partition.classes_per_client=11", r"^partition.classes_per_client=11 is not allowed"),
+    ("partition.min_size=0 partition.alpha=0.0001 partition.max_retries=1",
+     r"^dirichlet split failed: in partition.max_retries=1 draws with partition.alpha=0.0001 and num_clients=10, no "
+     r"draw gave every client one sample, as no client may be empty \(partition.min_size=0\) \(the best smallest "
+     r"client had 0\); raise partition.alpha, use fewer clients or raise partition.max_retries$"),
+    ("aggregator=median aggregator.bucket_size=10",
+     r"^aggregator.bucket_size=10 is not allowed with clients_per_round=10: one bucket would hold every client of a "
+     r"round and the rule would be their plain mean; use a bucket_size below 10, or 1 for no bucketing$"),
+    ("aggregator=centered_clip clients_per_round=4 aggregator.bucket_size=5",
+     r"^aggregator.bucket_size=5 is not allowed with clients_per_round=4: "),
+    ("eval.per_client=true client.val_frac=0.5 client.test_frac=0.6",
+     r"^client.val_frac=0.5 and client.test_frac=0.6 are not allowed together: they hold out 110% of each client's "
+     r"data and leave nothing to train on; their sum must be below 1$"),
+    ("eval.per_client=true client.val_frac=0.8",
+     r"^client.val_frac=0.8 and client.test_frac=null \(0.2\) are not allowed together: they hold out 100% "),
     ("num_clients=5000", r"num_clients=5000 is not allowed"),
     ("dataset=cifar10 data.root=/nonexistent data.download=false",
      r"cifar10 not found: no such folder in /nonexistent/cifar-10-batches-py"),
@@ -161,6 +176,22 @@ def test_command_line_prints_only_the_message(tmp_path):
     assert proc.returncode == 2
     out = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(out) == 1 and out[0].endswith("client.momentum=1.5 is not allowed; it must be in [0, 1)")
+
+
+def test_command_line_notes_degenerate_but_legal_settings_in_one_line_each_before_loading(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fedagg.run", "rounds=1", "attack=sign_flip", "attack.fraction=0.05",
+                           "aggregator=trimmed_mean", "clients_per_round=9", f"hydra.run.dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line.split(" - ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines() if "[fedagg]" in line]
+    assert lines[:2] == [
+        "aggregator.beta=0.1 trims nothing from 9 models a round (floor(beta * 9) = 0): the trimmed mean is the plain "
+        "mean; a beta of at least 0.111 trims one value each side",
+        "attack.fraction=0.05 corrupts nobody with num_clients=10 (floor(0.05 * 10) = 0): the run has no attacker; a "
+        "fraction of at least 0.1 corrupts one client",
+    ]
+    assert lines[2].startswith("digits: ")  # both said before the data is loaded
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
 
 
 class RecordsNumerics(Aggregator):

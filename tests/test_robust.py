@@ -191,6 +191,51 @@ def test_bucketing_lets_the_median_average_honest_clients():
     assert torch.equal(plain, torch.tensor([1.0])) and 1.0 <= float(bucketed) <= 5.0
 
 
+@pytest.mark.parametrize("rule", [Median, TrimmedMean, GeoMed, CenteredClip])
+def test_a_bucket_as_large_as_the_round_is_refused_naming_the_round_size(rule):
+    rule(bucket_size=4).check_clients(ClientSetup(PLAIN, 20, 5))  # two buckets: still a median of something
+    with pytest.raises(ValueError) as err:
+        rule(bucket_size=5).check_clients(ClientSetup(PLAIN, 20, 5))
+    assert str(err.value) == ("aggregator.bucket_size=5 is not allowed with clients_per_round=5: one bucket would "
+                              "hold every client of a round and the rule would be their plain mean; use a bucket_size "
+                              "below 5, or 1 for no bucketing")
+    rule(bucket_size=1).check_clients(ClientSetup(PLAIN, 1, 1))  # no bucketing: nothing to refuse
+
+
+def notices(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "fedagg" and r.levelname == "WARNING"]
+
+
+def test_degenerate_but_legal_robust_settings_get_one_notice(caplog):
+    caplog.set_level("WARNING", logger="fedagg")
+    TrimmedMean(beta=0.1).check_clients(ClientSetup(PLAIN, 20, 9))  # floor(0.9) = 0
+    TrimmedMean(beta=0.1).check_clients(ClientSetup(PLAIN, 20, 10))  # floor(1.0) = 1: trims, no notice
+    TrimmedMean(beta=0.0).check_clients(ClientSetup(PLAIN, 20, 9))  # asked for no trimming: no notice
+    MultiKrum(f=0, m=12).check_clients(ClientSetup(PLAIN, 20, 10))
+    MultiKrum(f=0, m=10).check_clients(ClientSetup(PLAIN, 20, 10))  # m = K: no clamping
+    assert notices(caplog) == [
+        "aggregator.beta=0.1 trims nothing from 9 models a round (floor(beta * 9) = 0): the trimmed mean is the plain "
+        "mean; a beta of at least 0.111 trims one value each side",
+        "aggregator.m=12 is more than the 10 models a round (clients_per_round=10, bucket_size=1): Multi-Krum "
+        "averages every one of the 10 (m is clamped to K)",
+    ]
+
+
+def test_an_attack_that_corrupts_nobody_gets_one_notice(caplog):
+    from hydra.utils import instantiate
+
+    from fedagg.loop.assembly import Parts, connect
+    from fedagg.loop.settings import Settings
+    from fedagg.run import GROUPS
+
+    caplog.set_level("WARNING", logger="fedagg")
+    for fraction in (0.05, 0.1):  # floor(0.5) = 0 clients; floor(1.0) = 1
+        cfg = compose_config("attack=sign_flip", f"attack.fraction={fraction}")
+        connect(Parts(**{g: instantiate(cfg[g], _convert_="all") for g in GROUPS}), Settings(seed=0, num_clients=10))
+    assert notices(caplog) == ["attack.fraction=0.05 corrupts nobody with num_clients=10 (floor(0.05 * 10) = 0): the "
+                               "run has no attacker; a fraction of at least 0.1 corrupts one client"]
+
+
 # ---------------------------------------------------------------- attacks on a known update
 W0 = torch.tensor([1.0, 1.0])
 SENT = torch.tensor([[2.0, 3.0], [4.0, 3.0], [9.0, 9.0]])  # updates [1, 2], [3, 2], [8, 8]

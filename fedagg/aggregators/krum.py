@@ -10,6 +10,7 @@ sampling decides, this is checked against clients_per_round before training.
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 import torch
@@ -21,6 +22,7 @@ from fedagg.config.constraints import Range, checked
 
 Corrupted = Annotated[int, Range(ge=0, integer=True, words="use an integer >= 0")]
 Fraction = Annotated[float, Range(ge=0, lt=0.5, words="it must be in [0, 0.5)")]
+log = logging.getLogger("fedagg")
 
 
 def scores(models: Tensor, neighbours: int) -> Tensor:
@@ -44,7 +46,7 @@ class Krum(RobustRule):
         return assumed_corrupted(self.f, self.attack_fraction, k)
 
     def check_clients(self, setup: ClientSetup) -> None:
-        k = -(-setup.clients_per_round // self.bucket_size)  # the models the rule sees: buckets, when on
+        k = self.models_per_round(setup)  # the models the rule sees: buckets, when on
         f = self.corrupted(k)
         if k - f - 2 < 1:
             raise ValueError(f"aggregator.f={f} is not allowed with {k} models a round (clients_per_round="
@@ -73,6 +75,14 @@ class MultiKrum(Krum):
                  bucket_size: Count = 1) -> None:
         super().__init__(f, attack_fraction, bucket_size)
         self.m = m
+
+    def check_clients(self, setup: ClientSetup) -> None:
+        super().check_clients(setup)
+        k = self.models_per_round(setup)
+        if self.m is not None and self.m > k:  # legal: combine takes min(m, K)
+            log.warning("aggregator.m=%d is more than the %d models a round (clients_per_round=%d, bucket_size=%d): "
+                        "Multi-Krum averages every one of the %d (m is clamped to K)", self.m, k, setup.clients_per_round,
+                        self.bucket_size, k)
 
     def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
         k = models.shape[0]

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.blocks import column_blocks
-from fedagg.aggregators.inputs import RoundInputs
+from fedagg.aggregators.inputs import ClientSetup, RoundInputs
 from fedagg.config.constraints import Range, checked
 from fedagg.data.seeding import generator
 
@@ -41,6 +41,17 @@ class RobustRule(Aggregator):
     def __init__(self, bucket_size: Count = 1) -> None:
         super().__init__("uniform")
         self.bucket_size = bucket_size
+
+    def models_per_round(self, setup: ClientSetup) -> int:
+        """The models the rule sees in a full round: its clients, or their buckets when bucketing is on."""
+        return -(-setup.clients_per_round // self.bucket_size)
+
+    def check_clients(self, setup: ClientSetup) -> None:
+        k = setup.clients_per_round
+        if self.bucket_size > 1 and self.bucket_size >= k:  # one bucket: the rule would see the round's mean alone
+            raise ValueError(f"aggregator.bucket_size={self.bucket_size} is not allowed with clients_per_round={k}: "
+                             f"one bucket would hold every client of a round and the rule would be their plain mean; "
+                             f"use a bucket_size below {k}, or 1 for no bucketing")
 
     def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
         """(new global [P], the weight each of the B models counted with [B], summing to 1)."""

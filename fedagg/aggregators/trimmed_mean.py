@@ -7,17 +7,20 @@ of the kept values that are its own.
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 import torch
 from torch import Tensor
 
+from fedagg.aggregators.inputs import ClientSetup
 from fedagg.aggregators.robust import CoordinateWise, Count
 from fedagg.config.constraints import Range, checked
 
 # with 0.5 or more every value is trimmed away
 Beta = Annotated[float, Range(ge=0, lt=0.5, words="it must be in [0, 0.5): with 0.5 or more the trimmed mean trims "
                                                   "every value away")]
+log = logging.getLogger("fedagg")
 
 
 class TrimmedMean(CoordinateWise):
@@ -27,6 +30,14 @@ class TrimmedMean(CoordinateWise):
     def __init__(self, beta: Beta = 0.1, bucket_size: Count = 1) -> None:
         super().__init__(bucket_size)
         self.beta = float(beta)
+
+    def check_clients(self, setup: ClientSetup) -> None:
+        super().check_clients(setup)
+        k = self.models_per_round(setup)
+        if self.beta > 0 and int(self.beta * k) == 0:  # legal, but not what a beta > 0 asks for
+            log.warning("aggregator.beta=%g trims nothing from %d models a round (floor(beta * %d) = 0): the trimmed "
+                        "mean is the plain mean; a beta of at least %.3g trims one value each side", self.beta, k, k,
+                        1 / k)
 
     def combine_columns(self, models: Tensor) -> tuple[Tensor, Tensor]:
         k = models.shape[0]

@@ -76,6 +76,22 @@ def connect(parts: Parts, settings: Settings) -> None:
         trainer.objective = half
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
+    check_held_out(trainer.val_frac, trainer.test_frac, parts.aggregator.needs, settings.eval_per_client)
+    fraction = parts.attack.fraction
+    if fraction > 0 and int(fraction * settings.num_clients) == 0:  # legal, but no client is corrupted
+        log.warning("attack.fraction=%g corrupts nobody with num_clients=%d (floor(%g * %d) = 0): the run has no "
+                    "attacker; a fraction of at least %.3g corrupts one client", fraction, settings.num_clients,
+                    fraction, settings.num_clients, 1 / settings.num_clients)
+
+
+def check_held_out(val_frac: float | None, test_frac: float | None, needs: Needs, per_client: bool) -> None:
+    """Refuse validation and local test shares that together leave a client nothing to train on."""
+    val, test = effective_val_frac(val_frac, needs), effective_test_frac(test_frac, per_client)
+    if round(val + test, 9) >= 1:
+        shown = [f"client.{key}={given}" if given is not None else f"client.{key}=null ({used:g})"
+                 for key, given, used in (("val_frac", val_frac, val), ("test_frac", test_frac, test))]
+        raise ValueError(f"{shown[0]} and {shown[1]} are not allowed together: they hold out {val + test:.0%} of "
+                         "each client's data and leave nothing to train on; their sum must be below 1")
 
 
 def effective_test_frac(test_frac: float | None, per_client: bool) -> float:
