@@ -255,7 +255,7 @@ def test_fedexp_with_every_code_reading_is_the_authors_step():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(eps_decay=0), r"^aggregator.eps_decay=0 is not allowed; use a number in \(0, 1\]"),
     (dict(eps_decay=1.5), r"^aggregator.eps_decay=1.5 is not allowed"),
-    (dict(eps_per_client="yes"), r"^aggregator.eps_per_client='yes' is not allowed; use true or false$"),
+    (dict(eps_per_client="yes"), r"^aggregator.eps_per_client='yes' is not allowed; it must be true or false$"),
     (dict(weighting="data"), r"^aggregator.weighting='data' is not allowed; choose one of samples, uniform$"),
 ])
 def test_fedexp_refuses_bad_options_in_one_line(kwargs, message):

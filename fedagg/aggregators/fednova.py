@@ -18,6 +18,8 @@ plain step counts (`tau_eff: steps`; SPEC: Σ_k p_k a_k), and it offers server m
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
@@ -25,6 +27,7 @@ from fedagg.aggregators.base import Aggregator, sample_weights
 from fedagg.aggregators.blocks import weighted_update
 from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
 from fedagg.clients.trainer import LocalSolver
+from fedagg.config.constraints import OneOf, Range, checked
 
 TAU_EFF = ("a", "steps")
 
@@ -45,13 +48,13 @@ class FedNova(Aggregator):
 
     needs = Needs(local_steps=True)
 
-    def __init__(self, tau_eff: str = "a", gmf: float = 0.0) -> None:
+    @checked("aggregator.")
+    def __init__(self,
+                 tau_eff: Annotated[str, OneOf(TAU_EFF, words=f"choose one of {', '.join(TAU_EFF)} (a: Σ p_k a_k, "
+                                                          "SPEC; steps: Σ p_k τ_k with a proximal term, the authors' code)")] = "a",
+                 gmf: Annotated[float, Range(ge=0, lt=1, words="use a number in [0, 1) (0: no server momentum)")] = 0.0,
+                 ) -> None:
         super().__init__("samples")  # p = D (SPEC)
-        if tau_eff not in TAU_EFF:
-            raise ValueError(f"aggregator.tau_eff={tau_eff!r} is not allowed; choose one of {', '.join(TAU_EFF)} "
-                             "(a: Σ p_k a_k, SPEC; steps: Σ p_k τ_k with a proximal term, the authors' code)")
-        if isinstance(gmf, bool) or not isinstance(gmf, (int, float)) or not 0 <= gmf < 1:
-            raise ValueError(f"aggregator.gmf={gmf!r} is not allowed; use a number in [0, 1) (0: no server momentum)")
         self.tau_eff, self.gmf = tau_eff, float(gmf)
         self.velocity: Tensor | None = None  # server momentum v [P], in the units of a gradient (U / η_l)
 

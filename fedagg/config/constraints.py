@@ -130,13 +130,14 @@ class OneOf(Constraint):
     """One of the names of a `Literal[...]` annotation."""
 
     choices: tuple
+    words: str | None = None  # the message's own words, e.g. what each choice means
 
     def accepts(self, value) -> bool:
         return any(value == c and type(value) is type(c) for c in self.choices)
 
     @property
     def allowed(self) -> str:
-        return f"choose one of {', '.join(map(str, self.choices))}"
+        return self.words if self.words is not None else f"choose one of {', '.join(map(str, self.choices))}"
 
 
 def _without_none(hint) -> tuple[object, bool]:
