@@ -39,11 +39,10 @@ from fedagg.loop.schema import META_KEYS, check_config
 from fedagg.data.device import resolve_device
 from fedagg.loop.settings import Settings
 from fedagg.loop.splits import scaled_rounds
+from fedagg.results.groups import GROUPS, RECORDED_CHOICES
 from fedagg.tracking.files import write_json
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack")
-RECORDED_CHOICES = (*GROUPS, "client/objective", "experiment")  # the group choices summary.json keeps
 log = logging.getLogger("fedagg")
 
 
