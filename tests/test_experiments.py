@@ -29,10 +29,9 @@ from omegaconf import OmegaConf, open_dict
 
 from conftest import CONF, ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import make_table  # noqa: E402  (a script, not a package module)
+from fedagg.results import table as make_table
+from fedagg.results.groups import GROUPS
 
-GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack")
 # jobs of each whole table, seeds included: the grid of the paper's table x 3 seeds
 GRID = {
     "comparison_mnist": 4 * 2 * 3,

@@ -1,14 +1,11 @@
-"""scripts/report.py on a real two-method, two-seed sweep: the HTML holds the table values and an image per section."""
+"""fedagg.results.report on a real two-method, two-seed sweep: the HTML holds the table values and an image per section."""
 
 import csv
-import sys
 from html.parser import HTMLParser
 
-from conftest import ROOT, compose_config
+from conftest import compose_config
+from fedagg.results import report, table as make_table
 from fedagg.run import train
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import report  # noqa: E402
 
 
 class Sections(HTMLParser):
@@ -54,8 +51,6 @@ def test_report_of_a_two_method_two_seed_sweep(tmp_path):
     assert by_title["Paired statistics against fedavg"]["images"] >= 1
     assert "choices.aggregator" in by_title["What was run"]["text"] and "seed" in by_title["What was run"]["text"]
     # the table's values are make_table's, computed from the same runs
-    import make_table
-
     make_table.main([str(sweep)])
     cells = list(csv.DictReader(open(sweep / "table.csv")))
     for cell in cells:

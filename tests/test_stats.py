@@ -3,17 +3,12 @@
 import csv
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
 from scipy import stats as sp
 
-from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import make_table  # noqa: E402
-import stats  # noqa: E402
+from fedagg.results import stats, table as make_table
 
 
 def test_paired_t_interval_of_the_seeds_both_have():

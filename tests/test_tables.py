@@ -1,9 +1,8 @@
-"""scripts/make_table.py and scripts/plot.py on hand-made run folders."""
+"""fedagg.results tables and plots on hand-made run folders."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,14 +11,7 @@ import pytest
 from conftest import ROOT
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_table = load_script("make_table")
+from fedagg.results import plots as plot, table as make_table
 
 
 def write_paper(path: Path, header: list[str], rows: list[list]) -> Path:
@@ -203,7 +195,6 @@ def make_plot_runs(folder: Path, logger: dict | None = None) -> None:
 
 
 def test_plot_writes_accuracy_norm_and_weight_pngs_beside_the_runs(tmp_path):
-    plot = load_script("plot")
     make_plot_runs(tmp_path / "sweep")
     assert plot.main([str(tmp_path / "sweep")]) == 0
     for name in ("accuracy.png", "update_norms.png", "weights.png"):
@@ -220,7 +211,6 @@ def test_plot_logs_to_an_offline_wandb_run_when_the_runs_used_wandb(tmp_path, mo
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    plot = load_script("plot")
     logger = {"_target_": "fedagg.tracking.wandb_tracker.WandbTracker", "project": "fedagg-test", "entity": None,
               "mode": "offline", "group": None, "tags": [], "name": None}
     make_plot_runs(tmp_path / "sweep", logger=logger)

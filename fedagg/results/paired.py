@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import stats
-from make_table import DASH, label, measure, number
+from fedagg.results import stats
+from fedagg.results.table import DASH, label, measure, number
 
 
 def seed_values(runs: list[dict], spec: dict) -> dict:

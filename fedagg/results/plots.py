@@ -1,0 +1,242 @@
+"""Curves of a set of runs: test accuracy, FedNNNN's N/E update norms, per-client weights.
+
+    python scripts/plot.py outputs/tables/fednnnn_table2/2025-01-01_12-00-00
+    python scripts/plot.py outputs/2025-01-01/10-00-00 outputs/2025-01-01/10-05-00 --out figs/
+
+Takes run folders or folders with runs below them, and writes three PNGs (into the one
+folder given, or `--out`):
+  accuracy.png      test accuracy per round, one line per method (mean over seeds, band = ±std)
+  update_norms.png  N = ||w_{r+1} - w_r|| (solid) and E = sum_k p_k ||Delta_k|| (dashed) per round
+  weights.png       every client's aggregation weight per round (weights.csv), one panel per run
+Runs of a table experiment are grouped as the table is: one panel per column cell, one
+line per row (method); other runs get one line per aggregator. When the runs logged to
+Weights & Biases (logger=wandb), the PNGs are also logged to a new W&B run of the same
+project and mode (offline by default: `wandb sync <out>/wandb/offline-run-*` uploads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import sys
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from fedagg.results.table import key_text, label, lookup, number  # noqa: E402
+
+PLOTS = ("accuracy.png", "update_norms.png", "weights.png")
+
+
+def read_csv(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def natural(path: Path) -> list:
+    """Sort key that puts sweep job 2 before job 10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    runs = []
+    for path in paths:
+        if (path / "metrics.csv").exists() or (path / "summary.json").exists():
+            runs.append(path)
+        else:
+            runs += sorted({p.parent for p in path.rglob("metrics.csv")}, key=natural)
+    return list(dict.fromkeys(runs))
+
+
+def load_run(run_dir: Path) -> dict:
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return {"dir": run_dir, "summary": summary, "metrics": read_csv(run_dir / "metrics.csv"),
+            "weights": read_csv(run_dir / "weights.csv")}
+
+
+def describe(run: dict) -> tuple[str, str]:
+    """(panel title, line label) of a run: the table's column cell and row, else the aggregator."""
+    s = run["summary"]
+    spec = lookup(s, "config.table") or {}
+    keys = spec.get("keys") or {}
+
+    def text(names: list[str]) -> str:
+        parts = []
+        for name in names:
+            path = keys.get(name, f"choices.{name}")
+            parts.append(label(spec, name, key_text(lookup(s, path))))
+        return " ".join(parts)
+
+    if spec.get("rows"):
+        return text(spec.get("columns") or []), text(spec["rows"])
+    agg = lookup(s, "choices.aggregator") or lookup(s, "config.aggregator._target_") or run["dir"].name
+    return "", str(agg).rsplit(".", 1)[-1]
+
+
+def series(runs: list[dict], column: str, scale: float = 1.0) -> tuple[list[int], list[float], list[float]]:
+    """Mean and std over runs of one metrics column, on the rounds every run evaluated."""
+    per_round = defaultdict(list)
+    for run in runs:
+        for row in run["metrics"]:
+            value = number(row.get(column))
+            if value is not None and number(row.get("round")) is not None:
+                per_round[int(float(row["round"]))].append(value * scale)
+    rounds = [r for r in sorted(per_round) if len(per_round[r]) == len(runs)] or sorted(per_round)
+    means = [sum(per_round[r]) / len(per_round[r]) for r in rounds]
+    stds = [math.sqrt(sum((v - m) ** 2 for v in per_round[r]) / max(len(per_round[r]) - 1, 1))
+            for r, m in zip(rounds, means)]
+    return rounds, means, stds
+
+
+def grid(n: int) -> tuple[plt.Figure, list]:
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def plot_curves(groups: dict, out: Path, name: str, columns: list[tuple[str, str, float]], ylabel: str) -> Path:
+    """One panel per group; per line label the mean (and ±std band) of each metrics column.
+    A label keeps its colour in every panel."""
+    colors = {}
+    for lines in groups.values():
+        for line in lines:
+            colors.setdefault(line, f"C{len(colors) % 10}")
+    fig, axes = grid(len(groups))
+    for ax, (panel, lines) in zip(axes, groups.items()):
+        for line, runs in lines.items():
+            color = colors[line]
+            for column, style, scale in columns:
+                rounds, mean, std = series(runs, column, scale)
+                if not rounds:
+                    continue
+                tag = line if len(columns) == 1 else f"{line} {column_name(column)}"
+                marker = "o" if len(rounds) <= 25 else None  # a handful of evaluations: show the points
+                ax.plot(rounds, mean, style, color=color, label=tag, linewidth=1.4, marker=marker, markersize=3)
+                if len(runs) > 1:
+                    ax.fill_between(rounds, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                                    color=color, alpha=0.15, linewidth=0)
+        ax.set_title(panel or out.name, fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def column_name(column: str) -> str:
+    return {"update_norm": "N", "client_update_norm": "E"}.get(column, column)
+
+
+def plot_weights(runs: list[dict], out: Path, limit: int) -> Path:
+    """Per-client weight trajectories, one panel per run (first seed of each cell), at most `limit`."""
+    chosen, seen = [], set()
+    for run in sorted(runs, key=lambda r: str(r["summary"].get("seed"))):
+        cell = describe(run)
+        if run["weights"] and cell not in seen:
+            seen.add(cell)
+            chosen.append(run)
+    chosen = chosen[:limit] or runs[:1]
+    fig, axes = grid(len(chosen))
+    for ax, run in zip(axes, chosen):
+        by_client = defaultdict(list)
+        for row in run["weights"]:
+            w, r = number(row.get("weight")), number(row.get("round"))
+            if w is not None and r is not None:
+                by_client[row.get("client")].append((int(r), w))
+        for client, points in sorted(by_client.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=0.9, alpha=0.8, label=f"client {client}")
+        panel, line = describe(run)
+        ax.set_title(" · ".join(t for t in (line, panel, f"seed {run['summary'].get('seed')}") if t), fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round")
+        ax.set_ylabel("aggregation weight")
+        ax.grid(alpha=0.3)
+        if 0 < len(by_client) <= 10:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "weights.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def log_to_wandb(runs: list[dict], out: Path, mode: str | None, job: str, payload) -> None:
+    """Log `payload(wandb)` (a dict of W&B objects) to a new W&B run of the runs' project when they used W&B;
+    never fail the files already written."""
+    loggers = [lookup(r["summary"], "config.logger") or {} for r in runs]
+    used = [lg for lg in loggers if str(lg.get("_target_", "")).endswith("WandbTracker")]
+    if not used or mode == "disabled":
+        return
+    settings = used[0]
+    try:
+        import wandb
+
+        os.environ.setdefault("WANDB_SILENT", "true")
+        run = wandb.init(project=settings.get("project") or "fedagg", entity=settings.get("entity"),
+                         mode=mode or settings.get("mode") or "offline", group=settings.get("group"),
+                         job_type=job, name=f"{job}-{out.name}", dir=str(out),
+                         config={"runs": [str(r["dir"]) for r in runs]})
+        items = payload(wandb)
+        run.log(items)
+        run.finish()
+        print(f"logged {len(items)} {job} item(s) to W&B ({mode or settings.get('mode') or 'offline'})")
+    except Exception as err:  # noqa: BLE001 - the files are written; W&B is a bonus
+        warnings.warn(f"W&B logging skipped: {err}", stacklevel=2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="run folders or folders with runs below them")
+    parser.add_argument("--out", type=Path, help="where the PNGs go (default: the folder given, or the runs' parent)")
+    parser.add_argument("--max-weight-panels", type=int, default=12)
+    parser.add_argument("--wandb-mode", choices=("online", "offline", "disabled"),
+                        help="override the runs' W&B mode for the plot run (disabled: no W&B)")
+    args = parser.parse_args(argv)
+    run_dirs = find_runs(args.paths)
+    if not run_dirs:
+        print(f"no runs (metrics.csv) under {', '.join(map(str, args.paths))}", file=sys.stderr)
+        return 1
+    runs = [load_run(d) for d in run_dirs]
+    out = args.out or (args.paths[0] if len(args.paths) == 1 else Path(os.path.commonpath([str(d.parent) for d in run_dirs])))
+    out.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        panel, line = describe(run)
+        groups[panel][line].append(run)
+    images = [
+        plot_curves(groups, out, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)"),
+        plot_curves(groups, out, "update_norms.png", [("update_norm", "-", 1.0), ("client_update_norm", "--", 1.0)],
+                    "update norm (N solid, E dashed)"),
+        plot_weights(runs, out, args.max_weight_panels),
+    ]
+    for path in images:
+        print(path)
+    log_to_wandb(runs, out, args.wandb_mode, "plots", lambda wandb: {p.stem: wandb.Image(str(p)) for p in images})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

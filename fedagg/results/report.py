@@ -1,0 +1,224 @@
+"""One self-contained HTML report of a sweep: what ran, the table, curves, clients, weights, statistics.
+
+    python scripts/report.py outputs/multirun/2025-01-01/12-00-00 [--baseline fedavg]
+
+Reads the runs' files below the folder (summary.json, metrics.csv, weights.csv,
+clients.csv, partition.png) and writes `report.html` beside them, every image embedded,
+so it opens in a browser with no server and no network: the settings that vary across the
+runs and those they share; the table (next to the paper's numbers when the runs belong to
+a table experiment); test accuracy per round with a band over seeds; each method's
+per-client accuracies at the last evaluation (runs with eval.per_client=true); the
+aggregation weights over rounds; the partition; and the paired statistics of
+make_table --baseline (default: fedavg when it is a row). Logged to W&B as well when the
+runs used it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from fedagg.results import plots as plot, stats, table as make_table  # noqa: E402
+from fedagg.results.paired import seed_values  # noqa: E402
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}
+th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}section{margin:2.5em 0}
+code{background:#f6f6f6;padding:1px 4px}.muted{color:#666;font-size:13px}"""
+
+
+def flatten(node, prefix: str = "") -> dict:
+    if not isinstance(node, dict):
+        return {prefix[:-1]: node}
+    out = {}
+    for key, value in node.items():
+        out.update(flatten(value, f"{prefix}{key}."))
+    return out
+
+
+def settings(runs: list[dict]) -> tuple[dict, dict]:
+    """(the settings that differ across the runs, with their values; those every run shares)."""
+    flat = [flatten({"choices": r["summary"].get("choices", {}), "config": r["summary"].get("config", {})})
+            for r in runs]
+    keys = sorted(set().union(*flat))
+    varying, fixed = {}, {}
+    for key in keys:
+        values = [json.dumps(f.get(key), default=str) for f in flat]
+        if len(set(values)) > 1:
+            varying[key] = sorted(set(values))
+        else:
+            fixed[key] = values[0]
+    return varying, fixed
+
+
+def markdown_to_html(text: str) -> str:
+    """make_table's markdown (headings, pipe tables, paragraphs) as HTML."""
+    out, table = [], []
+
+    def flush():
+        if table:
+            rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table if not line.startswith("|--")]
+            head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
+            out.append(f"<table><tr>{head}</tr>{body}</table>")
+            table.clear()
+
+    for line in text.splitlines():
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        flush()
+        if line.startswith("#"):
+            level = min(len(line) - len(line.lstrip("#")) + 1, 5)
+            out.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
+        elif line.strip():
+            out.append(f"<p>{html.escape(line)}</p>")
+    flush()
+    return "\n".join(out)
+
+
+def image(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def client_distributions(groups: dict, path: Path) -> Path | None:
+    """Box plots of every client's accuracy at each run's last evaluation, one box per method (seeds pooled)."""
+    boxes = {}
+    for lines in groups.values():
+        for line, runs in lines.items():
+            accs = []
+            for run in runs:
+                rows = plot.read_csv(run["dir"] / "clients.csv")
+                if rows:
+                    last = max(int(r["round"]) for r in rows)
+                    accs += [100 * float(r["test_acc"]) for r in rows if int(r["round"]) == last]
+            if accs:
+                boxes[line] = accs
+    if not boxes:
+        return None
+    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(boxes), 3.6))
+    ax.boxplot(list(boxes.values()), showmeans=True)
+    ax.set_xticks(range(1, len(boxes) + 1), list(boxes), rotation=20)
+    ax.set_ylabel("client test accuracy (%)")
+    ax.set_title("per-client accuracy at the last evaluation (all seeds)", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def differences_figure(layout: dict, spec: dict, baseline: tuple, path: Path) -> Path:
+    """Each row's paired difference to the baseline with its 95% interval, per column."""
+    names = [r for r in layout["rows"] if r != baseline]
+    fig, ax = plt.subplots(figsize=(6.5, 1.2 + 0.45 * len(names) * max(len(layout["cols"]), 1)))
+    y, ticks = 0, []
+    for r in names:
+        for c in layout["cols"]:
+            diff = stats.paired_difference(seed_values(layout["cells"].get(r + c, []), spec),
+                                           seed_values(layout["cells"].get(baseline + c, []), spec))
+            if diff.mean is not None:
+                err = [[diff.mean - diff.low], [diff.high - diff.mean]] if diff.low is not None else None
+                ax.errorbar(diff.mean, y, xerr=err, fmt="o", color="C3" if diff.excludes_zero else "C0", capsize=3)
+            ticks.append(" ".join(r + c))
+            y += 1
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(ticks)), ticks, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"difference to {' '.join(baseline)} (95% interval; red: excludes 0)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def build_report(folder: Path, baseline: str | None, work: Path) -> tuple[str, list[dict]]:
+    runs = [plot.load_run(d) for d in plot.find_runs([folder])]
+    if not runs:
+        raise ValueError(f"no runs (metrics.csv) under {folder}")
+    summaries = make_table.load_runs(folder)
+    spec = make_table.table_spec(summaries, argparse.Namespace(rows=None, columns=None, key=None, metric=None, paper=None))
+    lines, _, _, layout = make_table.build(summaries, spec)
+    table_md = "\n".join(lines) + "\n\n" + "\n\n".join(make_table.notes(summaries, spec, set()))
+    names = {r: " ".join(r) for r in layout["rows"]}
+    if baseline is None and any(n == "fedavg" for n in names.values()):
+        baseline = "fedavg"
+    groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        panel, line = plot.describe(run)
+        groups[panel][line].append(run)
+    sections = []
+    varying, fixed = settings(runs)
+    rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(', '.join(v))}</td></tr>"
+                   for k, v in varying.items())
+    shared = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(v)}</td></tr>" for k, v in fixed.items())
+    sections.append(("What was run", f"<p>{len(runs)} runs in <code>{html.escape(str(folder))}</code>.</p>"
+                     f"<table><tr><th>varies</th><th>values</th></tr>{rows}</table>"
+                     f"<details><summary>settings every run shares ({len(fixed)})</summary>"
+                     f"<table>{shared}</table></details>"))
+    sections.append(("Table", markdown_to_html(table_md)))
+    accuracy = plot.plot_curves(groups, work, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)")
+    sections.append(("Test accuracy per round", image(accuracy, "test accuracy per round") +
+                     '<p class="muted">Mean over seeds; the band is ± one standard deviation.</p>'))
+    clients = client_distributions(groups, work / "clients.png")
+    if clients:
+        sections.append(("Per-client accuracy", image(clients, "per-client accuracy")))
+    sections.append(("Aggregation weights", image(plot.plot_weights(runs, work, 12), "aggregation weights")))
+    partition = next((r["dir"] / "partition.png" for r in runs if (r["dir"] / "partition.png").exists()), None)
+    if partition:
+        sections.append(("Partition", image(partition, "partition") +
+                         f'<p class="muted">Of {html.escape(str(partition.parent.relative_to(folder)))}; every run '
+                         "with the same seed and partition settings has the same split.</p>"))
+    if baseline and len(layout["rows"]) > 1:
+        from fedagg.results.paired import paired_section
+
+        paired, _ = paired_section(layout, spec, baseline, work)
+        base = next(r for r in layout["rows"] if baseline in (" ".join(r), names[r]))
+        body = image(differences_figure(layout, spec, base, work / "differences.png"), "paired differences")
+        body += markdown_to_html("\n".join(paired))
+        if (work / "cd_diagram.png").exists():
+            body += image(work / "cd_diagram.png", "critical difference diagram")
+        sections.append((f"Paired statistics against {baseline}", body))
+    title = spec.get("name") or folder.name
+    parts = [f"<section><h2>{html.escape(h)}</h2>{b}</section>" for h, b in sections]
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body><h1>fedagg report: {html.escape(title)}</h1>{''.join(parts)}</body></html>")
+    return page, runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="a sweep folder (runs below it)")
+    parser.add_argument("--baseline", help="the row the paired statistics compare with (default: fedavg if present)")
+    parser.add_argument("--wandb-mode", choices=("online", "offline", "disabled"),
+                        help="override the runs' W&B mode for the report run (disabled: no W&B)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / args.folder.resolve().name  # plot titles a panel without a name after its folder
+        work.mkdir()
+        try:
+            page, runs = build_report(args.folder, args.baseline, work)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
+    out = args.folder / "report.html"
+    out.write_text(page)
+    print(out)
+    plot.log_to_wandb(runs, args.folder, args.wandb_mode, "report", lambda wandb: {"report": wandb.Html(page)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""Print a paper's table from a sweep's runs, next to the paper's numbers.
+
+    python scripts/make_table.py outputs/tables/comparison_mnist/2025-01-01_12-00-00
+
+Reads only the runs' `summary.json` files (any depth below the folder). A table
+experiment (`conf/experiment/*.yaml`) stores its layout in every run's config under
+`table`: which cell keys make the rows and the columns, where each key is found in
+summary.json (`choices.aggregator`, `config.method`, `config.partition.alpha`, ...), the
+metric, labels, and the CSV of the paper's numbers (`paper_results/<name>.csv`, one
+line per cell with the same keys and a `paper` column). Runs of any other sweep work
+with `--rows`/`--columns` (and `--key name=path` where a key is not a group choice).
+
+Every cell shows the measured mean ± std over seeds, then the paper's value and the
+difference: `89.73 ± 0.12 (91.20, -1.47)` (without published numbers, the measured value
+alone). A cell whose runs all diverged is `×`, as in the papers; a cell without runs, or a
+number the paper does not report, is `—`. The markdown goes to stdout and `table.md`; one
+CSV line per cell goes to `table.csv`, both in the sweep folder.
+
+`--baseline NAME` adds the paired statistics (scripts/stats.py): for every cell the mean
+difference to the row NAME over the seeds both have, with a 95% interval and `*` where it
+excludes 0; each row's average rank over the columns, the Friedman test, and with at
+least 3 rows and 3 columns a critical-difference diagram, `cd_diagram.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # paper_results/ paths in the tables are relative to the repository
+GROUP_KEYS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine")
+DASH, CROSS = "—", "×"
+
+
+def load_runs(folder: Path) -> list[dict]:
+    runs = []
+    for path in sorted(folder.rglob("summary.json")):
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            print(f"warning: skipping {path}: {err}", file=sys.stderr)
+            continue
+        summary["_dir"] = str(path.parent.relative_to(folder)) or "."
+        runs.append(summary)
+    return runs
+
+
+def lookup(summary: dict, path: str):
+    node = summary
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def key_text(value) -> str:
+    """One spelling per value, whether it came from YAML, JSON or a CSV cell: 100.0 -> '100'."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return str(int(value)) if float(value).is_integer() else repr(float(value))
+    text = str(value).strip()
+    try:
+        return key_text(float(text)) if text not in ("nan", "inf", "-inf") else text
+    except ValueError:
+        return text
+
+
+def table_spec(runs: list[dict], args) -> dict:
+    specs = [lookup(r, "config.table") for r in runs if isinstance(lookup(r, "config.table"), dict)]
+    spec = dict(specs[0]) if specs else {}
+    names = {s.get("name") for s in specs}
+    if len(names) > 1:
+        print(f"warning: runs of several tables in one folder: {sorted(map(str, names))}", file=sys.stderr)
+    if args.rows:
+        spec["rows"] = args.rows
+    if args.columns:
+        spec["columns"] = args.columns
+    spec.setdefault("rows", ["aggregator"])
+    spec.setdefault("columns", ["dataset"])
+    keys = dict(spec.get("keys") or {})
+    for name in [*spec["rows"], *spec["columns"]]:
+        keys.setdefault(name, f"choices.{name}" if name in GROUP_KEYS else f"config.{name}")
+    for item in args.key or []:
+        name, _, path = item.partition("=")
+        keys[name] = path
+    spec["keys"] = keys
+    metric = args.metric or spec.get("metric", "final_test_acc")
+    spec["metric"] = METRIC_NAMES.get(metric, metric)
+    spec.setdefault("percent", spec["metric"].endswith("_acc"))
+    spec.setdefault("decimals", 2 if spec["percent"] else 0)
+    if args.paper:
+        spec["paper"] = args.paper
+    return spec
+
+
+METRIC_NAMES = {"final": "final_test_acc", "best": "best_test_acc"}  # --metric final|best
+
+
+def load_paper(spec: dict) -> list[dict]:
+    """The paper's cells; a leading `# metric: KEY (why)` line says which summary.json key the
+    paper's numbers are (kept in spec["paper_metric"])."""
+    path = spec.get("paper")
+    if not path:
+        return []
+    path = Path(path) if Path(path).is_absolute() else ROOT / path
+    if not path.exists():
+        print(f"warning: no paper numbers at {path}", file=sys.stderr)
+        return []
+    rows, spec["paper_metric"] = read_paper(path)
+    return rows
+
+
+def read_paper(path: Path) -> tuple[list[dict], str | None]:
+    """A paper_results CSV: its cells, and its `# metric: KEY (why)` line without the prefix."""
+    with open(path, newline="") as f:
+        lines = f.read().splitlines()
+    metric = next((line.removeprefix("# metric:").strip() for line in lines if line.startswith("# metric:")), None)
+    return list(csv.DictReader(line for line in lines if not line.startswith("#"))), metric
+
+
+def number(text) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def fmt(value: float, decimals: int) -> str:
+    return f"{value:.{decimals}f}"
+
+
+def measure(runs: list[dict], spec: dict) -> dict:
+    """Mean, std and the cell's text from the runs of one cell."""
+    metric, scale, d = spec["metric"], 100.0 if spec["percent"] else 1.0, spec["decimals"]
+    done = [r for r in runs if r.get("status") == "completed"]
+    diverged = [r for r in runs if r.get("status") == "diverged"]
+    out = {"n_runs": len(runs), "n_completed": len(done), "n_diverged": len(diverged),
+           "n_other": len(runs) - len(done) - len(diverged), "mean": None, "std": None,
+           "seeds": " ".join(str(r.get("seed")) for r in sorted(done, key=lambda r: (str(type(r.get("seed"))), r.get("seed"))))}
+    if not done:
+        out["text"] = CROSS if diverged else DASH
+        return out
+    values = [number(r.get(metric)) for r in done]
+    reached = [v * scale for v in values if v is not None]
+    if not reached:  # rounds_to_target never reached: report the best accuracy, as FedAdp's table does
+        best = statistics.fmean(100.0 * (number(r.get("best_test_acc")) or 0.0) for r in done)
+        out["text"] = f"N/A ({best:.2f}%)"
+    else:
+        out["mean"] = statistics.fmean(reached)
+        out["std"] = statistics.stdev(reached) if len(reached) > 1 else None
+        out["text"] = fmt(out["mean"], d) + (f" ± {fmt(out['std'], d)}" if out["std"] is not None else "")
+        if len(reached) < len(done):
+            out["text"] += f" ({len(reached)}/{len(done)} reached)"
+    if diverged:
+        out["text"] += f" ({len(diverged)}/{len(runs)} {CROSS})"
+    return out
+
+
+def paper_cell(row: dict | None, spec: dict) -> tuple[float | None, str]:
+    if row is None:
+        return None, DASH
+    raw = (row.get("paper") or "").strip()
+    value = number(raw)
+    if value is not None:
+        return value, fmt(value, spec["decimals"])
+    if raw in ("x", "X", CROSS):
+        return None, CROSS
+    if raw.upper() == "N/A":
+        best = number(row.get("paper_best"))
+        return None, f"N/A ({best:.2f}%)" if best is not None else "N/A"
+    return None, raw or DASH
+
+
+def label(spec: dict, name: str, value: str) -> str:
+    labels = (spec.get("labels") or {}).get(name) or {}
+    return str(labels.get(value, labels.get(str(value), value)))
+
+
+def ordered(keys_seen: list[tuple], paper_keys: list[tuple]) -> list[tuple]:
+    order = list(dict.fromkeys(paper_keys))
+    return order + sorted(k for k in dict.fromkeys(keys_seen) if k not in order)
+
+
+def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[list[str], list[dict], set, dict]:
+    rows_k, cols_k, keys = spec["rows"], spec["columns"], spec["keys"]
+    cells: dict[tuple, list[dict]] = {}
+    for run in runs:
+        cell = tuple(key_text(lookup(run, keys[k])) for k in [*rows_k, *cols_k])
+        cells.setdefault(cell, []).append(run)
+    paper = {tuple(key_text(p.get(k)) for k in [*rows_k, *cols_k]): p for p in load_paper(spec)}
+    spec["has_paper"] = bool(paper)
+    split = lambda cell: (cell[: len(rows_k)], cell[len(rows_k):])  # noqa: E731
+    rows = ordered([split(c)[0] for c in cells], [split(c)[0] for c in paper])
+    cols = ordered([split(c)[1] for c in cells], [split(c)[1] for c in paper])
+    if measured_only:  # a partly run table: only the rows and columns that have runs
+        rows = [r for r in rows if any(r + c in cells for c in cols)]
+        cols = [c for c in cols if any(r + c in cells for r in rows)]
+    records, grid = [], {}
+    for r in rows:
+        for c in cols:
+            m = measure(cells.get(r + c, []), spec)
+            p_value, p_text = paper_cell(paper.get(r + c), spec)
+            diff = m["mean"] - p_value if m["mean"] is not None and p_value is not None else None
+            inner = p_text + (f", {diff:+.{spec['decimals']}f}" if diff is not None else "")
+            grid[r + c] = f"{m['text']} ({inner})" if paper else m["text"]
+            records.append({**dict(zip([*rows_k, *cols_k], r + c)), **{k: m[k] for k in m if k != "text"},
+                            "paper": p_value, "paper_text": p_text, "diff": diff, "measured_text": m["text"]})
+    extra = {split(c)[0] for c, rs in cells.items() if any(x.get("uses_extra_data") for x in rs)}
+    average = bool(spec.get("average_column"))
+    header = [spec.get("row_header") or " / ".join(rows_k)] + [" ".join(label(spec, k, v) for k, v in zip(cols_k, c)) for c in cols]
+    lines = ["| " + " | ".join(header + (["Average"] if average else [])) + " |",
+             "|" + "---|" * (len(header) + average)]
+    for r in rows:
+        name = " ".join(label(spec, k, v) for k, v in zip(rows_k, r)) + (" †" if r in extra else "")
+        row_cells = [grid[r + c] for c in cols]
+        if average:
+            row_cells.append(average_cell([x for x in records if tuple(x[k] for k in rows_k) == r], spec))
+        lines.append("| " + " | ".join([name, *row_cells]) + " |")
+    return lines, records, extra, {"cells": cells, "rows": rows, "cols": cols}
+
+
+def average_cell(records: list[dict], spec: dict) -> str:
+    d = spec["decimals"]
+    means, papers = [x["mean"] for x in records], [x["paper"] for x in records]
+    m = statistics.fmean(means) if means and None not in means else None
+    p = statistics.fmean(papers) if papers and None not in papers else None
+    inner = (fmt(p, d) if p is not None else DASH) + (f", {m - p:+.{d}f}" if m is not None and p is not None else "")
+    return f"{fmt(m, d) if m is not None else DASH} ({inner})"
+
+
+def notes(runs: list[dict], spec: dict, extra: set) -> list[str]:
+    out = []
+    scales = sorted({float(r.get("experiment_scale", 1.0) or 1.0) for r in runs})
+    if any(s < 1 for s in scales):
+        shown = ", ".join(key_text(s) for s in scales)
+        out.append(f"**Scaled runs (experiment_scale = {shown})**: rounds, every client's data and the test set "
+                   "were shrunk for a quick check; these numbers are not comparable to the paper's.")
+    seeds = sorted({str(r.get("seed")) for r in runs}, key=lambda x: (not x.isdigit(), int(x) if x.isdigit() else 0, x))
+    what = spec["metric"] + (" (%)" if spec["percent"] else "")
+    against = ", then (paper value, measured − paper)" if spec.get("has_paper") else ""
+    out.append(f"Each cell: measured {what}, mean ± std over seeds ({', '.join(seeds)}){against}. "
+               f"{CROSS}: every run diverged; {DASH}: not run or not reported.")
+    profiles = Counter(str(((r.get("config") or {}).get("table") or {}).get("profile")) for r in runs)
+    profiles.pop("None", None)
+    if len(profiles) == 1:
+        out.append(f"Settings profile: {next(iter(profiles))} (`table.profile`; the experiment file names each setting's source).")
+    elif profiles:
+        listed = ", ".join(f"{name} ({n} runs)" for name, n in sorted(profiles.items()))
+        out.append(f"**Runs of several settings profiles are pooled here**: {listed}; table one profile at a time.")
+    if spec.get("paper_metric"):
+        paper_key = spec["paper_metric"].split()[0]
+        same = "" if paper_key == spec["metric"] else (f" **This table shows {spec['metric']} instead**: "
+                                                      f"`--metric {paper_key}` compares like with like.")
+        out.append(f"The paper's numbers are {spec['paper_metric']}.{same}")
+    if spec["metric"] == "rounds_to_target":
+        targets = sorted({key_text(r.get("target_acc")) for r in runs})
+        out.append(f"Rounds to reach the target accuracy ({', '.join(targets)}); N/A (x%): never reached, best accuracy x.")
+    if extra:
+        out.append("† uses extra data on the server (uses_extra_data): reported for reference only, as in the paper.")
+    other = [r for r in runs if r.get("status") not in ("completed", "diverged")]
+    if other:
+        listed = ", ".join(f"{r['_dir']} ({r.get('status')})" for r in other[:10])
+        out.append(f"{len(other)} run(s) left out (not completed): {listed}{' …' if len(other) > 10 else ''}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="a sweep folder (runs with summary.json below it)")
+    parser.add_argument("--metric", help="final, best or any summary.json key (default: the table's, else final_test_acc)")
+    parser.add_argument("--paper", help="CSV of the paper's numbers (default: the table's)")
+    parser.add_argument("--rows", nargs="+", help="cell keys of the rows (default: the table's)")
+    parser.add_argument("--columns", nargs="+", help="cell keys of the columns (default: the table's)")
+    parser.add_argument("--key", action="append", help="NAME=PATH: where a cell key is in summary.json")
+    parser.add_argument("--measured-only", action="store_true",
+                        help="show only the rows and columns that have runs (a partly run table)")
+    parser.add_argument("--baseline", help="a row (e.g. fedavg): paired differences to it, ranks, Friedman, CD diagram")
+    args = parser.parse_args(argv)
+    runs = load_runs(args.folder)
+    if not runs:
+        print(f"no summary.json below {args.folder}", file=sys.stderr)
+        return 1
+    spec = table_spec(runs, args)
+    lines, records, extra, layout = build(runs, spec, measured_only=args.measured_only)
+    paired = []
+    if args.baseline:
+        from fedagg.results.paired import paired_section  # it builds on this module's cells
+
+        try:
+            paired, per_cell = paired_section(layout, spec, args.baseline, args.folder)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
+        for record in records:
+            diff = per_cell.get(tuple(record[k] for k in [*spec["rows"], *spec["columns"]]))
+            record.update(diff_to_baseline=diff and diff.mean, ci_low=diff and diff.low, ci_high=diff and diff.high,
+                          n_pairs=diff and diff.n, interval=diff and diff.interval,
+                          excludes_zero=diff and diff.excludes_zero)
+    title = f"### {spec.get('name', args.folder.name)}: {spec.get('caption', spec['metric'])}"
+    source = [f"Paper: {spec['source']}"] if spec.get("source") else []
+    shown = ["Only the rows and columns with runs are shown (--measured-only)."] if args.measured_only else []
+    text = "\n\n".join([title, *source, "\n".join(lines), *notes(runs, spec, extra), *shown]
+                       + (["\n".join(paired)] if paired else [])) + "\n"
+    print(text, end="")
+    (args.folder / "table.md").write_text(text)
+    with open(args.folder / "table.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
