@@ -33,8 +33,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from fedagg.results.groups import GROUPS
+
 ROOT = Path(__file__).resolve().parents[2]  # paper_results/ paths in the tables are relative to the repository
-GROUP_KEYS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine")
 DASH, CROSS = "—", "×"
 
 
@@ -89,7 +90,7 @@ def table_spec(runs: list[dict], args) -> dict:
     spec.setdefault("columns", ["dataset"])
     keys = dict(spec.get("keys") or {})
     for name in [*spec["rows"], *spec["columns"]]:
-        keys.setdefault(name, f"choices.{name}" if name in GROUP_KEYS else f"config.{name}")
+        keys.setdefault(name, f"choices.{name}" if name in GROUPS else f"config.{name}")
     for item in args.key or []:
         name, _, path = item.partition("=")
         keys[name] = path
