@@ -34,22 +34,15 @@ from collections import Counter
 from pathlib import Path
 
 from fedagg.results.groups import GROUPS
+from fedagg.results.runs import ResultsError, read_runs
 
 ROOT = Path(__file__).resolve().parents[2]  # paper_results/ paths in the tables are relative to the repository
 DASH, CROSS = "—", "×"
 
 
 def load_runs(folder: Path) -> list[dict]:
-    runs = []
-    for path in sorted(folder.rglob("summary.json")):
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            print(f"warning: skipping {path}: {err}", file=sys.stderr)
-            continue
-        summary["_dir"] = str(path.parent.relative_to(folder)) or "."
-        runs.append(summary)
-    return runs
+    """The runs below folder that wrote a summary.json (runs.read_runs' dicts)."""
+    return [run for run in read_runs(folder) if run["_has_summary"]]
 
 
 def lookup(summary: dict, path: str):
@@ -288,7 +281,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="show only the rows and columns that have runs (a partly run table)")
     parser.add_argument("--baseline", help="a row (e.g. fedavg): paired differences to it, ranks, Friedman, CD diagram")
     args = parser.parse_args(argv)
-    runs = load_runs(args.folder)
+    try:
+        runs = load_runs(args.folder)
+    except ResultsError as err:
+        print(err, file=sys.stderr)
+        return 2
     if not runs:
         print(f"no summary.json below {args.folder}", file=sys.stderr)
         return 1

@@ -1,0 +1,191 @@
+"""Run folders into Python and pandas: the one reader of summary.json, metrics.csv, weights.csv, clients.csv.
+
+A run folder is one that holds `summary.json`, or the `config.yaml` a run writes when it
+starts. A run with no summary.json yet is `running` while the process named in its `.owner`
+lock file is alive (on this machine), else `interrupted` (killed before it could write
+one; `checkpoint.pt` then says how far it got). A run being resumed is `running` too, even
+though its folder still holds the summary of the earlier, interrupted attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from fedagg.results.groups import RECORDED_CHOICES
+
+RUN_FILES = ("summary.json", "config.yaml")
+IDENTITY = ("run", "status", "seed")  # with the group choices and the varying overrides: what names a run
+
+
+class ResultsError(ValueError):
+    """Results that cannot be read or shown honestly; the message is one line that names the file or key."""
+
+
+def natural(path: Path) -> list:
+    """Sort key that puts sweep job 2 before job 10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def find_run_dirs(paths: list[Path]) -> list[Path]:
+    """The run folders given, or found below the folders given, in natural order."""
+    found = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ResultsError(f"{path} does not exist; give a run folder or a sweep folder")
+        if any((path / name).exists() for name in RUN_FILES):
+            found.append(path)
+        else:
+            found += sorted({p.parent for name in RUN_FILES for p in path.rglob(name)}, key=natural)
+    return list(dict.fromkeys(found))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _owner_alive(run_dir: Path) -> bool:
+    try:
+        return _pid_alive(int((run_dir / ".owner").read_text().strip()))
+    except (OSError, ValueError):
+        return False
+
+
+def read_summary(path: Path) -> dict:
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ResultsError(f"{path} is damaged ({type(err).__name__}: {err}); repair or remove that run folder") from None
+    if not isinstance(summary, dict):
+        raise ResultsError(f"{path} is damaged (not a JSON object); repair or remove that run folder")
+    return summary
+
+
+def read_run(run_dir: Path, root: Path | None = None) -> dict:
+    """A run's summary (or, before it wrote one, its config.yaml as `config`) with its status, and
+    `_dir` (relative to root), `_path` and `_has_summary`."""
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        run = read_summary(summary_path)
+        run["_has_summary"] = True
+    else:
+        try:
+            config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
+        except yaml.YAMLError:
+            config = {}
+        config = config if isinstance(config, dict) else {}
+        run = {"status": "interrupted", "seed": config.get("seed"), "config": config, "_has_summary": False}
+        if (run_dir / "checkpoint.pt").exists():
+            run["checkpoint"] = True
+    if _owner_alive(run_dir):
+        run["status"] = "running"
+    rel = run_dir.relative_to(root) if root is not None and run_dir.is_relative_to(root) else run_dir
+    run["_dir"], run["_path"] = str(rel) if str(rel) != "." else ".", run_dir
+    return run
+
+
+def read_runs(folder: Path) -> list[dict]:
+    """Every run below folder (read_run's dicts); ResultsError for a folder that does not exist or a damaged file."""
+    folder = Path(folder)
+    return [read_run(d, folder) for d in find_run_dirs([folder])]
+
+
+def flatten(node, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    if not isinstance(node, dict) or (not node and prefix):
+        return {prefix[:-1]: node}
+    out = {}
+    for key, value in node.items():
+        out.update(flatten(value, f"{prefix}{key}."))
+    return out
+
+
+def overrides_of(run: dict) -> dict:
+    """The command line's `key=value` overrides of a run, as a dict (Hydra's `+`/`~` prefixes dropped)."""
+    out = {}
+    for item in run.get("overrides") or []:
+        key, sep, value = str(item).partition("=")
+        if sep:
+            out[key.lstrip("+~")] = value
+    return out
+
+
+def varying_overrides(runs: list[dict]) -> list[str]:
+    """The override keys whose value differs across the runs (or that some runs lack)."""
+    per_run = [overrides_of(r) for r in runs]
+    keys = dict.fromkeys(k for o in per_run for k in o)
+    return [k for k in keys if len({o.get(k) for o in per_run}) > 1]
+
+
+def sweep_frame(runs: list[dict]) -> pd.DataFrame:
+    """load_sweep's table from read_run's dicts."""
+    varying = varying_overrides(runs)
+    rows = []
+    for run in runs:
+        row = {"run": run["_dir"], "status": run.get("status"), "seed": run.get("seed")}
+        choices = run.get("choices") or {}
+        row.update({group: choices.get(group) for group in RECORDED_CHOICES})
+        fields = {k: v for k, v in run.items() if not k.startswith("_") and k not in ("choices", "overrides")}
+        row.update({k: v for k, v in flatten(fields).items() if k not in row})
+        overrides = overrides_of(run)
+        row.update({k: overrides.get(k) for k in varying if k not in row})
+        row["path"] = str(run["_path"])
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    frame = frame[[c for c in frame if c in IDENTITY or frame[c].notna().any()]]  # no column of a group nobody chose
+    frame.attrs["varying"] = [k for k in varying if k in frame]
+    return frame
+
+
+def load_sweep(folder: str | Path) -> pd.DataFrame:
+    """One row per run folder below `folder` (or the one run folder given): `run` (its folder, relative),
+    `status`, `seed`, every group choice (`aggregator`, `dataset`, ...), every summary.json field flattened
+    (`final_test_acc`, `config.aggregator.lr`, ...), the overrides that vary across the runs, and `path`.
+    Runs without a summary.json are there as `running` or `interrupted`."""
+    return sweep_frame(read_runs(Path(folder)))
+
+
+def _long(folder: str | Path, filename: str) -> pd.DataFrame:
+    sweep = load_sweep(folder)
+    ids = [c for c in sweep if c in IDENTITY or c in RECORDED_CHOICES or c in sweep.attrs["varying"]]
+    parts = []
+    for _, run in sweep.iterrows():
+        path = Path(run["path"]) / filename
+        if not path.exists() or path.stat().st_size == 0:
+            continue
+        try:
+            part = pd.read_csv(path)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+            raise ResultsError(f"{path} is damaged ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+        for column in reversed(ids):
+            part.insert(0, column, run[column])
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=ids)
+
+
+def load_curves(folder: str | Path) -> pd.DataFrame:
+    """Every run's metrics.csv in long form (one row per run and evaluated round), led by the run's columns
+    (run, status, seed, the group choices, the varying overrides)."""
+    return _long(folder, "metrics.csv")
+
+
+def load_weights(folder: str | Path) -> pd.DataFrame:
+    """Every run's weights.csv (round, client, weight, num_samples, ...) led by the run's columns."""
+    return _long(folder, "weights.csv")
+
+
+def load_clients(folder: str | Path) -> pd.DataFrame:
+    """Every run's clients.csv (per-client accuracy at each evaluated round) led by the run's columns."""
+    return _long(folder, "clients.csv")
