@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fedagg.results.table import main as table_main
 from results_runs import fake_run
 
@@ -17,3 +19,41 @@ def test_rows_attack_and_system_group_by_the_chosen_option(tmp_path, capsys):
     start = lines.index("| attack | dropout | none |")
     assert lines[start:start + 4] == ["| attack | dropout | none |", "|---|---|---|",
                                       "| none | 80.00 | 90.00 |", "| sign_flip | 50.00 | 60.00 |"]
+
+
+def two_method_sweep(folder, accs=None):
+    accs = accs or {"fedavg": [0.90, 0.92], "fedprox": [0.91, 0.95]}
+    i = 0
+    for method, values in accs.items():
+        for seed, acc in enumerate(values):
+            fake_run(folder / str(i), acc=acc, seed=seed, choices={"aggregator": method})
+            i += 1
+    return folder
+
+
+def test_a_table_is_data_and_every_rendering_shows_the_same_cells(tmp_path):
+    from fedagg.results.render import latex_escape
+    from fedagg.results.table import build_table
+
+    table = build_table(two_method_sweep(tmp_path / "sweep"), baseline="fedavg")
+    grid = table.grids()[0]
+    assert list(grid.columns) == ["aggregator", "digits"]
+    assert grid.values.tolist() == [["fedavg", "91.00 ± 1.41"], ["fedprox", "93.00 ± 2.83"]]
+    cells = table.cells.set_index("aggregator")
+    assert cells.loc["fedprox", "mean"] == pytest.approx(93.0) and cells.loc["fedprox", "n_pairs"] == 2
+    assert cells.loc["fedprox", "diff_to_baseline"] == pytest.approx(2.0)  # (1 + 3) / 2
+    latex = table.to_latex()
+    assert latex.count(r"\toprule") == latex.count(r"\midrule") == latex.count(r"\bottomrule") == len(table.grids())
+    first = latex.split(r"\bottomrule")[0]
+    assert r"aggregator & digits \\" in first
+    for row in grid.values.tolist():
+        assert " & ".join(latex_escape(v) for v in row) + r" \\" in first
+    assert r"fedprox & 93.00 $\pm$ 2.83 \\" in first
+    html = table.to_html()
+    assert "<tr><td>fedprox</td><td>93.00 ± 2.83</td></tr>" in html and "<h5>Paired difference to fedavg</h5>" in html
+    markdown = table.to_markdown()
+    assert "| fedprox | 93.00 ± 2.83 |" in markdown and "| fedprox | +2.00 (1 pair)" not in markdown
+    assert "| fedprox | +2.00 [" in markdown
+    csv_lines = table.to_csv().splitlines()
+    assert csv_lines[0].startswith("aggregator,dataset,n_runs,n_completed,n_diverged,n_other,mean,std,seeds,")
+    assert csv_lines[2].startswith("fedprox,digits,2,2,0,0,93.0,2.828427,0 1,")

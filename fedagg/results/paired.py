@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedagg.results import stats
+from fedagg.results import render, stats
+from fedagg.results.runs import ResultsError
 from fedagg.results.table import DASH, label, measure, number
 
 
@@ -24,20 +25,19 @@ def seed_values(runs: list[dict], spec: dict) -> dict:
     return out
 
 
-def paired_section(layout: dict, spec: dict, baseline: str, folder: Path) -> tuple[list[str], dict]:
-    """Markdown of the paired differences to `baseline`, the average ranks, Friedman and the CD diagram;
+def paired_section(layout: dict, spec: dict, baseline: str, folder: Path) -> tuple[list[render.Block], dict]:
+    """Blocks of the paired differences to `baseline`, the average ranks, Friedman and the CD diagram;
     and each cell's paired statistics for table.csv."""
     rows_k, rows, cols, cells = spec["rows"], layout["rows"], layout["cols"], layout["cells"]
     name = {r: " ".join(label(spec, k, v) for k, v in zip(rows_k, r)) for r in rows}
     base = [r for r in rows if baseline in (" ".join(r), name[r])]
     if not base:
-        raise ValueError(f"--baseline {baseline!r} is not a row of this table; the rows are: "
+        raise ResultsError(f"--baseline {baseline!r} is not a row of this table; the rows are: "
                          + ", ".join(name[r] for r in rows))
     base, d = base[0], spec["decimals"]
-    lines = [f"#### Paired difference to {name[base]}", "",
-             "| " + " | ".join([spec.get("row_header") or " / ".join(rows_k)]
-                              + [" ".join(label(spec, k, v) for k, v in zip(spec["columns"], c)) for c in cols]) + " |",
-             "|" + "---|" * (len(cols) + 1)]
+    header = ([spec.get("row_header") or " / ".join(rows_k)]
+              + [" ".join(label(spec, k, v) for k, v in zip(spec["columns"], c)) for c in cols])
+    body = []
     per_cell, used = {}, set()
     for r in rows:
         texts = []
@@ -54,31 +54,32 @@ def paired_section(layout: dict, spec: dict, baseline: str, folder: Path) -> tup
                 texts.append(f"{diff.mean:+.{d}f} (1 pair)")
             else:
                 texts.append(f"{diff.mean:+.{d}f} [{diff.low:+.{d}f}, {diff.high:+.{d}f}]" + (" *" if diff.excludes_zero else ""))
-        lines.append("| " + " | ".join([name[r], *texts]) + " |")
+        body.append([name[r], *texts])
     unit = "percentage points" if spec["percent"] else spec["metric"]
     kinds = " and ".join(sorted(i for i in used if i)) or "none (fewer than 2 pairs)"
-    lines += ["", f"Each cell: mean over the seeds both have of (row − {name[base]}), in {unit}, and its 95% interval: "
-              f"a paired t interval for fewer than {stats.BOOTSTRAP_FROM} pairs, a BCa bootstrap (9,999 resamples, "
-              f"seeded) from {stats.BOOTSTRAP_FROM} on (used here: {kinds}); * the interval excludes 0."]
-    lines += rank_lines(layout, spec, name, folder)
-    return lines, per_cell
+    blocks = [render.heading(f"Paired difference to {name[base]}", 4), render.grid(header, body)]
+    blocks.append(render.text(
+        f"Each cell: mean over the seeds both have of (row − {name[base]}), in {unit}, and its 95% interval: "
+        f"a paired t interval for fewer than {stats.BOOTSTRAP_FROM} pairs, a BCa bootstrap (9,999 resamples, "
+        f"seeded) from {stats.BOOTSTRAP_FROM} on (used here: {kinds}); * the interval excludes 0."))
+    return blocks + rank_blocks(layout, spec, name, folder), per_cell
 
 
-def rank_lines(layout: dict, spec: dict, name: dict, folder: Path) -> list[str]:
+def rank_blocks(layout: dict, spec: dict, name: dict, folder: Path) -> list[render.Block]:
     """Average ranks over the columns every row has, the Friedman test and (3+ rows, 3+ columns) the CD diagram."""
     table = {name[r]: {c: measure(layout["cells"].get(r + c, []), spec)["mean"] for c in layout["cols"]}
              for r in layout["rows"]}
     ranks, n = stats.average_ranks(table, higher_is_better=spec["metric"] != "rounds_to_target")
     if not ranks:
-        return ["", "No column has a value for every row: no ranks."]
-    lines = ["", f"#### Average rank over {n} column(s) (1 = best)", "", "| row | average rank |", "|---|---|"]
-    lines += [f"| {m} | {ranks[m]:.2f} |" for m in sorted(ranks, key=ranks.get)]
+        return [render.text("No column has a value for every row: no ranks.")]
+    blocks = [render.heading(f"Average rank over {n} column(s) (1 = best)", 4),
+              render.grid(["row", "average rank"], [[m, f"{ranks[m]:.2f}"] for m in sorted(ranks, key=ranks.get)])]
     test = stats.friedman(table)
-    lines += ["", f"Friedman test over {n} columns: chi² = {test[0]:.3f}, p = {test[1]:.4g}." if test else
-              "Friedman test: needs at least 3 rows and 2 columns."]
+    blocks += [render.text(f"Friedman test over {n} columns: chi² = {test[0]:.3f}, p = {test[1]:.4g}." if test else
+               "Friedman test: needs at least 3 rows and 2 columns.")]
     if len(ranks) >= 3 and n >= 3:
         cd = stats.critical_difference(len(ranks), n)
         path = stats.cd_diagram(ranks, cd, folder / "cd_diagram.png")
-        lines += ["", f"Critical difference (Nemenyi, alpha = 0.05): {cd:.2f}; rows joined in `{path.name}` are "
-                  "not significantly apart."]
-    return lines
+        blocks.append(render.text(f"Critical difference (Nemenyi, alpha = 0.05): {cd:.2f}; rows joined in "
+                                  f"`{path.name}` are not significantly apart."))
+    return blocks

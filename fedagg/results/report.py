@@ -29,7 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fedagg.results import plots as plot, stats, table as make_table  # noqa: E402
+from fedagg.results import plots as plot, render, stats, table as make_table  # noqa: E402
 from fedagg.results.paired import seed_values  # noqa: E402
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -60,32 +60,6 @@ def settings(runs: list[dict]) -> tuple[dict, dict]:
         else:
             fixed[key] = values[0]
     return varying, fixed
-
-
-def markdown_to_html(text: str) -> str:
-    """make_table's markdown (headings, pipe tables, paragraphs) as HTML."""
-    out, table = [], []
-
-    def flush():
-        if table:
-            rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table if not line.startswith("|--")]
-            head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
-            out.append(f"<table><tr>{head}</tr>{body}</table>")
-            table.clear()
-
-    for line in text.splitlines():
-        if line.startswith("|"):
-            table.append(line)
-            continue
-        flush()
-        if line.startswith("#"):
-            level = min(len(line) - len(line.lstrip("#")) + 1, 5)
-            out.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
-        elif line.strip():
-            out.append(f"<p>{html.escape(line)}</p>")
-    flush()
-    return "\n".join(out)
 
 
 def image(path: Path, alt: str) -> str:
@@ -149,12 +123,13 @@ def build_report(folder: Path, baseline: str | None, work: Path) -> tuple[str, l
     if not runs:
         raise ValueError(f"no runs (metrics.csv) under {folder}")
     summaries = make_table.load_runs(folder)
-    spec = make_table.table_spec(summaries, argparse.Namespace(rows=None, columns=None, key=None, metric=None, paper=None))
-    lines, _, _, layout = make_table.build(summaries, spec)
-    table_md = "\n".join(lines) + "\n\n" + "\n\n".join(make_table.notes(summaries, spec, set()))
+    layout = make_table.build_table(folder, runs=summaries).layout
     names = {r: " ".join(r) for r in layout["rows"]}
     if baseline is None and any(n == "fedavg" for n in names.values()):
         baseline = "fedavg"
+    paired_on = baseline if baseline and len(layout["rows"]) > 1 else None
+    table = make_table.build_table(work, runs=summaries, baseline=paired_on)  # the CD diagram goes to work
+    spec = table.spec
     groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
         panel, line = plot.describe(run)
@@ -168,7 +143,8 @@ def build_report(folder: Path, baseline: str | None, work: Path) -> tuple[str, l
                      f"<table><tr><th>varies</th><th>values</th></tr>{rows}</table>"
                      f"<details><summary>settings every run shares ({len(fixed)})</summary>"
                      f"<table>{shared}</table></details>"))
-    sections.append(("Table", markdown_to_html(table_md)))
+    at = next(i for i, b in enumerate(table.blocks) if b.kind == "heading" and b.level == 4) if paired_on else None
+    sections.append(("Table", render.Table(table.blocks[1:at]).to_html()))  # the page's headings name it
     accuracy = plot.plot_curves(groups, work, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)")
     sections.append(("Test accuracy per round", image(accuracy, "test accuracy per round") +
                      '<p class="muted">Mean over seeds; the band is ± one standard deviation.</p>'))
@@ -181,13 +157,10 @@ def build_report(folder: Path, baseline: str | None, work: Path) -> tuple[str, l
         sections.append(("Partition", image(partition, "partition") +
                          f'<p class="muted">Of {html.escape(str(partition.parent.relative_to(folder)))}; every run '
                          "with the same seed and partition settings has the same split.</p>"))
-    if baseline and len(layout["rows"]) > 1:
-        from fedagg.results.paired import paired_section
-
-        paired, _ = paired_section(layout, spec, baseline, work)
+    if paired_on:
         base = next(r for r in layout["rows"] if baseline in (" ".join(r), names[r]))
         body = image(differences_figure(layout, spec, base, work / "differences.png"), "paired differences")
-        body += markdown_to_html("\n".join(paired))
+        body += render.Table(table.blocks[at:]).to_html()
         if (work / "cd_diagram.png").exists():
             body += image(work / "cd_diagram.png", "critical difference diagram")
         sections.append((f"Paired statistics against {baseline}", body))

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import statistics
 import sys
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
+
+from fedagg.results import render
 from fedagg.results.groups import GROUPS
 from fedagg.results.runs import ResultsError, read_runs
 
@@ -186,7 +188,7 @@ def ordered(keys_seen: list[tuple], paper_keys: list[tuple]) -> list[tuple]:
     return order + sorted(k for k in dict.fromkeys(keys_seen) if k not in order)
 
 
-def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[list[str], list[dict], set, dict]:
+def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[render.Block, list[dict], set, dict]:
     rows_k, cols_k, keys = spec["rows"], spec["columns"], spec["keys"]
     cells: dict[tuple, list[dict]] = {}
     for run in runs:
@@ -213,15 +215,15 @@ def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[li
     extra = {split(c)[0] for c, rs in cells.items() if any(x.get("uses_extra_data") for x in rs)}
     average = bool(spec.get("average_column"))
     header = [spec.get("row_header") or " / ".join(rows_k)] + [" ".join(label(spec, k, v) for k, v in zip(cols_k, c)) for c in cols]
-    lines = ["| " + " | ".join(header + (["Average"] if average else [])) + " |",
-             "|" + "---|" * (len(header) + average)]
+    body = []
     for r in rows:
         name = " ".join(label(spec, k, v) for k, v in zip(rows_k, r)) + (" †" if r in extra else "")
         row_cells = [grid[r + c] for c in cols]
         if average:
             row_cells.append(average_cell([x for x in records if tuple(x[k] for k in rows_k) == r], spec))
-        lines.append("| " + " | ".join([name, *row_cells]) + " |")
-    return lines, records, extra, {"cells": cells, "rows": rows, "cols": cols}
+        body.append([name, *row_cells])
+    grid_block = render.grid(header + (["Average"] if average else []), body)
+    return grid_block, records, extra, {"cells": cells, "rows": rows, "cols": cols}
 
 
 def average_cell(records: list[dict], spec: dict) -> str:
@@ -269,6 +271,49 @@ def notes(runs: list[dict], spec: dict, extra: set) -> list[str]:
     return out
 
 
+def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[str] | None = None,
+                metric: str | None = None, paper: str | None = None, keys: dict[str, str] | None = None,
+                measured_only: bool = False, baseline: str | None = None, runs: list[dict] | None = None
+                ) -> render.Table:
+    """The table of the runs below `folder` (the table experiment's layout unless rows, columns, metric or paper
+    are given; keys: where a cell key is found in summary.json), with the paired statistics against the row
+    `baseline` when given (the CD diagram is written into folder). ResultsError: one line saying why not."""
+    folder = Path(folder)
+    runs = load_runs(folder) if runs is None else runs
+    if not runs:
+        raise ResultsError(f"no summary.json below {folder}")
+    args = argparse.Namespace(rows=rows, columns=columns, metric=metric, paper=paper,
+                              key=[f"{k}={v}" for k, v in (keys or {}).items()])
+    spec = table_spec(runs, args)
+    grid_block, records, extra, layout = build(runs, spec, measured_only=measured_only)
+    paired = []
+    if baseline:
+        from fedagg.results.paired import paired_section  # it builds on this module's cells
+
+        paired, per_cell = paired_section(layout, spec, baseline, folder)
+        for record in records:
+            diff = per_cell.get(tuple(record[k] for k in [*spec["rows"], *spec["columns"]]))
+            record.update(diff_to_baseline=diff and diff.mean, ci_low=diff and diff.low, ci_high=diff and diff.high,
+                          n_pairs=diff and diff.n, interval=diff and diff.interval,
+                          excludes_zero=diff and diff.excludes_zero)
+    title = render.heading(f"{spec.get('name', folder.name)}: {spec.get('caption', spec['metric'])}", 3)
+    source = [render.text(f"Paper: {spec['source']}")] if spec.get("source") else []
+    shown = ["Only the rows and columns with runs are shown (--measured-only)."] if measured_only else []
+    blocks = [title, *source, grid_block, *map(render.text, notes(runs, spec, extra) + shown), *paired]
+    return render.Table(blocks, cell_frame(records), spec, layout)
+
+
+def cell_frame(records: list[dict]) -> pd.DataFrame:
+    """The cells as a DataFrame: a column of floats (None where absent) as float64, every other column as the
+    values were (a count that may be absent stays an int, not 3.0)."""
+    frame = pd.DataFrame(records, dtype=object)
+    for column in frame:
+        values = [v for v in frame[column] if v is not None]
+        if values and all(isinstance(v, float) for v in values):
+            frame[column] = frame[column].astype(float)
+    return frame
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a sweep folder (runs with summary.json below it)")
@@ -280,42 +325,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measured-only", action="store_true",
                         help="show only the rows and columns that have runs (a partly run table)")
     parser.add_argument("--baseline", help="a row (e.g. fedavg): paired differences to it, ranks, Friedman, CD diagram")
+    parser.add_argument("--format", choices=("markdown", "csv", "latex", "html"), default="markdown",
+                        help="what is printed (table.md and table.csv are written in any case)")
     args = parser.parse_args(argv)
+    keys = dict(item.partition("=")[::2] for item in args.key or [])
     try:
-        runs = load_runs(args.folder)
+        table = build_table(args.folder, rows=args.rows, columns=args.columns, metric=args.metric, paper=args.paper,
+                            keys=keys, measured_only=args.measured_only, baseline=args.baseline)
     except ResultsError as err:
         print(err, file=sys.stderr)
         return 2
-    if not runs:
-        print(f"no summary.json below {args.folder}", file=sys.stderr)
-        return 1
-    spec = table_spec(runs, args)
-    lines, records, extra, layout = build(runs, spec, measured_only=args.measured_only)
-    paired = []
-    if args.baseline:
-        from fedagg.results.paired import paired_section  # it builds on this module's cells
-
-        try:
-            paired, per_cell = paired_section(layout, spec, args.baseline, args.folder)
-        except ValueError as err:
-            print(err, file=sys.stderr)
-            return 2
-        for record in records:
-            diff = per_cell.get(tuple(record[k] for k in [*spec["rows"], *spec["columns"]]))
-            record.update(diff_to_baseline=diff and diff.mean, ci_low=diff and diff.low, ci_high=diff and diff.high,
-                          n_pairs=diff and diff.n, interval=diff and diff.interval,
-                          excludes_zero=diff and diff.excludes_zero)
-    title = f"### {spec.get('name', args.folder.name)}: {spec.get('caption', spec['metric'])}"
-    source = [f"Paper: {spec['source']}"] if spec.get("source") else []
-    shown = ["Only the rows and columns with runs are shown (--measured-only)."] if args.measured_only else []
-    text = "\n\n".join([title, *source, "\n".join(lines), *notes(runs, spec, extra), *shown]
-                       + (["\n".join(paired)] if paired else [])) + "\n"
-    print(text, end="")
-    (args.folder / "table.md").write_text(text)
-    with open(args.folder / "table.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(records[0]))
-        writer.writeheader()
-        writer.writerows({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in records)
+    print({"markdown": table.to_markdown, "csv": table.to_csv, "latex": table.to_latex,
+           "html": table.to_html}[args.format](), end="")
+    (args.folder / "table.md").write_text(table.to_markdown())
+    (args.folder / "table.csv").write_text(table.to_csv())
     return 0
 
 
