@@ -57,3 +57,21 @@ def test_a_table_is_data_and_every_rendering_shows_the_same_cells(tmp_path):
     csv_lines = table.to_csv().splitlines()
     assert csv_lines[0].startswith("aggregator,dataset,n_runs,n_completed,n_diverged,n_other,mean,std,seeds,")
     assert csv_lines[2].startswith("fedprox,digits,2,2,0,0,93.0,2.828427,0 1,")
+
+
+def test_one_command_line_prints_the_table_the_library_builds(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from fedagg.results import build_table
+
+    sweep = two_method_sweep(tmp_path / "sweep")
+    cli = [sys.executable, "-m", "fedagg.results"]
+    done = subprocess.run([*cli, "table", str(sweep), "--baseline", "fedavg"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == build_table(sweep, baseline="fedavg").to_markdown()
+    assert (sweep / "table.md").read_text() == done.stdout
+    stats = subprocess.run([*cli, "stats", str(tmp_path / "nowhere"), "--baseline", "fedavg"], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert (stats.returncode, stats.stdout) == (2, "")
+    assert stats.stderr == f"{tmp_path / 'nowhere'} does not exist; give a run folder or a sweep folder\n"

@@ -1,4 +1,4 @@
-"""make_table --baseline: the paired statistics of a table (scripts/stats.py) as markdown.
+"""table --baseline: the paired statistics of a table (fedagg/results/stats.py) as blocks of the Table.
 
 For every cell, the mean difference to the baseline row over the seeds both have with its
 95% interval; each row's average rank over the columns, the Friedman test, and the

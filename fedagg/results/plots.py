@@ -1,7 +1,7 @@
 """Curves of a set of runs: test accuracy, FedNNNN's N/E update norms, per-client weights.
 
-    python scripts/plot.py outputs/tables/fednnnn_table2/2025-01-01_12-00-00
-    python scripts/plot.py outputs/2025-01-01/10-00-00 outputs/2025-01-01/10-05-00 --out figs/
+    python -m fedagg.results plot outputs/tables/fednnnn_table2/2025-01-01_12-00-00
+    python -m fedagg.results plot outputs/2025-01-01/10-00-00 outputs/2025-01-01/10-05-00 --out figs/
 
 Takes run folders or folders with runs below them, and writes three PNGs (into the one
 folder given, or `--out`):
@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
-import re
 import sys
 import warnings
 from collections import defaultdict
@@ -33,6 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from fedagg.results.runs import ResultsError, find_run_dirs, read_run  # noqa: E402
 from fedagg.results.table import key_text, label, lookup, number  # noqa: E402
 
 PLOTS = ("accuracy.png", "update_norms.png", "weights.png")
@@ -45,26 +44,22 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def natural(path: Path) -> list:
-    """Sort key that puts sweep job 2 before job 10."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
-
-
-def find_runs(paths: list[Path]) -> list[Path]:
-    runs = []
-    for path in paths:
-        if (path / "metrics.csv").exists() or (path / "summary.json").exists():
-            runs.append(path)
-        else:
-            runs += sorted({p.parent for p in path.rglob("metrics.csv")}, key=natural)
-    return list(dict.fromkeys(runs))
-
-
-def load_run(run_dir: Path) -> dict:
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return {"dir": run_dir, "summary": summary, "metrics": read_csv(run_dir / "metrics.csv"),
+def load_run(run: dict) -> dict:
+    """A run (runs.read_run's dict) with its curves and weights."""
+    run_dir = run["_path"]
+    return {"dir": run_dir, "summary": run, "metrics": read_csv(run_dir / "metrics.csv"),
             "weights": read_csv(run_dir / "weights.csv")}
+
+
+def finished_runs(paths: list[Path]) -> tuple[list[dict], list[dict]]:
+    """(the runs below paths that wrote a summary.json, loaded; those that did not: running or killed)."""
+    found = [read_run(d, Path(path)) for path in paths for d in find_run_dirs([path])]
+    return [load_run(r) for r in found if r["_has_summary"]], [r for r in found if not r["_has_summary"]]
+
+
+def unfinished_note(unfinished: list[dict]) -> str:
+    listed = ", ".join(f"{r['_path']} ({r['status']})" for r in unfinished[:10])
+    return (f"{len(unfinished)} run(s) without a summary.json left out: {listed}{' …' if len(unfinished) > 10 else ''}")
 
 
 def describe(run: dict) -> tuple[str, str]:
@@ -82,7 +77,7 @@ def describe(run: dict) -> tuple[str, str]:
 
     if spec.get("rows"):
         return text(spec.get("columns") or []), text(spec["rows"])
-    agg = lookup(s, "choices.aggregator") or lookup(s, "config.aggregator._target_") or run["dir"].name
+    agg = lookup(s, "choices.aggregator") or lookup(s, "config.aggregator._target_") or "?"
     return "", str(agg).rsplit(".", 1)[-1]
 
 
@@ -207,19 +202,25 @@ def log_to_wandb(runs: list[dict], out: Path, mode: str | None, job: str, payloa
         warnings.warn(f"W&B logging skipped: {err}", stacklevel=2)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="run folders or folders with runs below them")
     parser.add_argument("--out", type=Path, help="where the PNGs go (default: the folder given, or the runs' parent)")
     parser.add_argument("--max-weight-panels", type=int, default=12)
     parser.add_argument("--wandb-mode", choices=("online", "offline", "disabled"),
                         help="override the runs' W&B mode for the plot run (disabled: no W&B)")
     args = parser.parse_args(argv)
-    run_dirs = find_runs(args.paths)
-    if not run_dirs:
-        print(f"no runs (metrics.csv) under {', '.join(map(str, args.paths))}", file=sys.stderr)
-        return 1
-    runs = [load_run(d) for d in run_dirs]
+    try:
+        runs, unfinished = finished_runs(args.paths)
+    except ResultsError as err:
+        print(err, file=sys.stderr)
+        return 2
+    if unfinished:
+        print(unfinished_note(unfinished), file=sys.stderr)
+    if not runs:
+        print(f"no finished runs (summary.json) under {', '.join(map(str, args.paths))}", file=sys.stderr)
+        return 2
+    run_dirs = [r["dir"] for r in runs]
     out = args.out or (args.paths[0] if len(args.paths) == 1 else Path(os.path.commonpath([str(d.parent) for d in run_dirs])))
     out.mkdir(parents=True, exist_ok=True)
     groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))

@@ -1,6 +1,6 @@
 """One self-contained HTML report of a sweep: what ran, the table, curves, clients, weights, statistics.
 
-    python scripts/report.py outputs/multirun/2025-01-01/12-00-00 [--baseline fedavg]
+    python -m fedagg.results report outputs/multirun/2025-01-01/12-00-00 [--baseline fedavg]
 
 Reads the runs' files below the folder (summary.json, metrics.csv, weights.csv,
 clients.csv, partition.png) and writes `report.html` beside them, every image embedded,
@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from fedagg.results import plots as plot, render, stats, table as make_table  # noqa: E402
 from fedagg.results.paired import seed_values  # noqa: E402
+from fedagg.results.runs import ResultsError  # noqa: E402
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}
@@ -119,10 +120,10 @@ def differences_figure(layout: dict, spec: dict, baseline: tuple, path: Path) ->
 
 
 def build_report(folder: Path, baseline: str | None, work: Path) -> tuple[str, list[dict]]:
-    runs = [plot.load_run(d) for d in plot.find_runs([folder])]
+    runs, unfinished = plot.finished_runs([folder])
     if not runs:
-        raise ValueError(f"no runs (metrics.csv) under {folder}")
-    summaries = make_table.load_runs(folder)
+        raise ResultsError(f"no finished runs (summary.json) under {folder}")
+    summaries = [run["summary"] for run in runs]
     layout = make_table.build_table(folder, runs=summaries).layout
     names = {r: " ".join(r) for r in layout["rows"]}
     if baseline is None and any(n == "fedavg" for n in names.values()):
@@ -171,8 +172,8 @@ def build_report(folder: Path, baseline: str | None, work: Path) -> tuple[str, l
     return page, runs
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a sweep folder (runs below it)")
     parser.add_argument("--baseline", help="the row the paired statistics compare with (default: fedavg if present)")
     parser.add_argument("--wandb-mode", choices=("online", "offline", "disabled"),

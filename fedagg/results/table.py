@@ -1,6 +1,6 @@
 """Print a paper's table from a sweep's runs, next to the paper's numbers.
 
-    python scripts/make_table.py outputs/tables/comparison_mnist/2025-01-01_12-00-00
+    python -m fedagg.results table outputs/tables/comparison_mnist/2025-01-01_12-00-00
 
 Reads only the runs' `summary.json` files (any depth below the folder). A table
 experiment (`conf/experiment/*.yaml`) stores its layout in every run's config under
@@ -16,7 +16,7 @@ alone). A cell whose runs all diverged is `×`, as in the papers; a cell without
 number the paper does not report, is `—`. The markdown goes to stdout and `table.md`; one
 CSV line per cell goes to `table.csv`, both in the sweep folder.
 
-`--baseline NAME` adds the paired statistics (scripts/stats.py): for every cell the mean
+`--baseline NAME` adds the paired statistics (fedagg/results/stats.py): for every cell the mean
 difference to the row NAME over the seeds both have, with a 95% interval and `*` where it
 excludes 0; each row's average rank over the columns, the Friedman test, and with at
 least 3 rows and 3 columns a critical-difference diagram, `cd_diagram.png`.
@@ -314,8 +314,8 @@ def cell_frame(records: list[dict]) -> pd.DataFrame:
     return frame
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None, stats_only: bool = False) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a sweep folder (runs with summary.json below it)")
     parser.add_argument("--metric", help="final, best or any summary.json key (default: the table's, else final_test_acc)")
     parser.add_argument("--paper", help="CSV of the paper's numbers (default: the table's)")
@@ -324,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", action="append", help="NAME=PATH: where a cell key is in summary.json")
     parser.add_argument("--measured-only", action="store_true",
                         help="show only the rows and columns that have runs (a partly run table)")
-    parser.add_argument("--baseline", help="a row (e.g. fedavg): paired differences to it, ranks, Friedman, CD diagram")
+    parser.add_argument("--baseline", required=stats_only,
+                        help="a row (e.g. fedavg): paired differences to it, ranks, Friedman, CD diagram")
     parser.add_argument("--format", choices=("markdown", "csv", "latex", "html"), default="markdown",
                         help="what is printed (table.md and table.csv are written in any case)")
     args = parser.parse_args(argv)
@@ -335,10 +336,14 @@ def main(argv: list[str] | None = None) -> int:
     except ResultsError as err:
         print(err, file=sys.stderr)
         return 2
-    print({"markdown": table.to_markdown, "csv": table.to_csv, "latex": table.to_latex,
-           "html": table.to_html}[args.format](), end="")
-    (args.folder / "table.md").write_text(table.to_markdown())
-    (args.folder / "table.csv").write_text(table.to_csv())
+    shown = table
+    if stats_only:  # the paired statistics: from their first section heading on
+        shown = render.Table(table.blocks[next(i for i, b in enumerate(table.blocks) if b.level == 4):], table.cells)
+    print({"markdown": shown.to_markdown, "csv": shown.to_csv, "latex": shown.to_latex,
+           "html": shown.to_html}[args.format](), end="")
+    if not stats_only:
+        (args.folder / "table.md").write_text(table.to_markdown())
+        (args.folder / "table.csv").write_text(table.to_csv())
     return 0
 
 
