@@ -49,7 +49,10 @@ def test_report_of_a_two_method_two_seed_sweep(tmp_path):
     for title in ("Test accuracy per round", "Per-client accuracy", "Aggregation weights", "Partition"):
         assert by_title[title]["images"] == 1, title
     assert by_title["Paired statistics against fedavg"]["images"] >= 1
-    assert "choices.aggregator" in by_title["What was run"]["text"] and "seed" in by_title["What was run"]["text"]
+    run_text = by_title["What was run"]["text"]
+    assert "variesvaluesseed0, 1aggregatorfedavg, idarowaggregatorits settingsfedavgFedAvg" in run_text
+    assert "config.aggregator" not in run_text.split("settings every run shares")[0]  # hyperparameters are no axis
+    assert "The partition of seed 0 (run 0); every run with the same seed" in by_title["Partition"]["text"]
     # the table's values are make_table's, computed from the same runs
     make_table.main([str(sweep)])
     cells = list(csv.DictReader(open(sweep / "table.csv")))

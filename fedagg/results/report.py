@@ -31,7 +31,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from fedagg.results import plots as plot, render, stats, table as make_table  # noqa: E402
 from fedagg.results.paired import seed_values  # noqa: E402
-from fedagg.results.runs import ResultsError  # noqa: E402
+from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
+from fedagg.results.runs import ResultsError, flatten, natural, sweep_frame  # noqa: E402
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}
@@ -39,28 +40,43 @@ th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}section{margin:2.
 code{background:#f6f6f6;padding:1px 4px}.muted{color:#666;font-size:13px}"""
 
 
-def flatten(node, prefix: str = "") -> dict:
-    if not isinstance(node, dict):
-        return {prefix[:-1]: node}
-    out = {}
-    for key, value in node.items():
-        out.update(flatten(value, f"{prefix}{key}."))
-    return out
-
-
-def settings(runs: list[dict]) -> tuple[dict, dict]:
-    """(the settings that differ across the runs, with their values; those every run shares)."""
-    flat = [flatten({"choices": r["summary"].get("choices", {}), "config": r["summary"].get("config", {})})
+def what_was_run(runs: list[dict], unfinished: list[dict], table, folder: Path) -> str:
+    """The sweep's axes (the group choices, overrides and seeds that vary), each method with its settings, the
+    settings every run shares, and the runs left out."""
+    frame = sweep_frame([run["summary"] for run in runs])
+    axes = ["seed", *(g for g in RECORDED_CHOICES if g in frame), *frame.attrs["varying"]]
+    varying = {c: sorted({make_table.key_text(v) for v in frame[c]}, key=natural) for c in dict.fromkeys(axes)}
+    rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(', '.join(v))}</td></tr>"
+                   for k, v in varying.items() if len(v) > 1)
+    flat = [flatten({"choices": r["summary"].get("choices") or {}, "config": r["summary"].get("config") or {}})
             for r in runs]
-    keys = sorted(set().union(*flat))
-    varying, fixed = {}, {}
-    for key in keys:
-        values = [json.dumps(f.get(key), default=str) for f in flat]
-        if len(set(values)) > 1:
-            varying[key] = sorted(set(values))
-        else:
-            fixed[key] = values[0]
-    return varying, fixed
+    fixed = {k: json.dumps(flat[0][k], default=str) for k in sorted(set().union(*flat))
+             if len({json.dumps(f.get(k), default=str) for f in flat}) == 1}
+    shared = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(v)}</td></tr>" for k, v in fixed.items())
+    left = f"<p>{html.escape(plot.unfinished_note(unfinished))}: not in this report.</p>" if unfinished else ""
+    return (f"<p>{len(runs)} runs in <code>{html.escape(str(folder))}</code>.</p>{left}"
+            f"<table><tr><th>varies</th><th>values</th></tr>{rows}</table>{methods(table)}"
+            f"<details><summary>settings every run shares ({len(fixed)})</summary><table>{shared}</table></details>")
+
+
+def methods(table) -> str:
+    """Each row of the table with its aggregator and that aggregator's settings (over the row's runs)."""
+    spec, layout = table.spec, table.layout
+    lines = []
+    for row in layout["rows"]:
+        runs = [run for cell, rs in layout["cells"].items() if cell[: len(row)] == row for run in rs]
+        settings = [flatten((run.get("config") or {}).get("aggregator") or {}) for run in runs]
+        if not settings:
+            continue
+        target = {str(s.get("_target_", "")).rsplit(".", 1)[-1] for s in settings}
+        parts = []
+        for key in dict.fromkeys(k for s in settings for k in s if k != "_target_"):
+            values = sorted({json.dumps(s.get(key), default=str) for s in settings})
+            parts.append(f"{key}={values[0]}" if len(values) == 1 else f"{key} varies ({', '.join(values)})")
+        name = " ".join(make_table.label(spec, k, v) for k, v in zip(spec["rows"], row))
+        lines.append(f"<tr><td>{html.escape(name)}</td><td><code>{html.escape(', '.join(sorted(target)))}</code></td>"
+                     f"<td>{html.escape('; '.join(parts) or '(none)')}</td></tr>")
+    return f"<table><tr><th>row</th><th>aggregator</th><th>its settings</th></tr>{''.join(lines)}</table>"
 
 
 def image(path: Path, alt: str) -> str:
@@ -124,26 +140,19 @@ def build_report(folder: Path, baseline: str | None, work: Path) -> tuple[str, l
     if not runs:
         raise ResultsError(f"no finished runs (summary.json) under {folder}")
     summaries = [run["summary"] for run in runs]
-    layout = make_table.build_table(folder, runs=summaries).layout
+    layout = make_table.build_table(folder, runs=summaries + unfinished).layout
     names = {r: " ".join(r) for r in layout["rows"]}
     if baseline is None and any(n == "fedavg" for n in names.values()):
         baseline = "fedavg"
     paired_on = baseline if baseline and len(layout["rows"]) > 1 else None
-    table = make_table.build_table(work, runs=summaries, baseline=paired_on)  # the CD diagram goes to work
+    table = make_table.build_table(work, runs=summaries + unfinished, baseline=paired_on)  # the CD diagram goes to work
     spec = table.spec
     groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
         panel, line = plot.describe(run)
         groups[panel][line].append(run)
     sections = []
-    varying, fixed = settings(runs)
-    rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(', '.join(v))}</td></tr>"
-                   for k, v in varying.items())
-    shared = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(v)}</td></tr>" for k, v in fixed.items())
-    sections.append(("What was run", f"<p>{len(runs)} runs in <code>{html.escape(str(folder))}</code>.</p>"
-                     f"<table><tr><th>varies</th><th>values</th></tr>{rows}</table>"
-                     f"<details><summary>settings every run shares ({len(fixed)})</summary>"
-                     f"<table>{shared}</table></details>"))
+    sections.append(("What was run", what_was_run(runs, unfinished, table, folder)))
     at = next(i for i, b in enumerate(table.blocks) if b.kind == "heading" and b.level == 4) if paired_on else None
     sections.append(("Table", render.Table(table.blocks[1:at]).to_html()))  # the page's headings name it
     accuracy = plot.plot_curves(groups, work, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)")
@@ -153,11 +162,12 @@ def build_report(folder: Path, baseline: str | None, work: Path) -> tuple[str, l
     if clients:
         sections.append(("Per-client accuracy", image(clients, "per-client accuracy")))
     sections.append(("Aggregation weights", image(plot.plot_weights(runs, work, 12), "aggregation weights")))
-    partition = next((r["dir"] / "partition.png" for r in runs if (r["dir"] / "partition.png").exists()), None)
-    if partition:
-        sections.append(("Partition", image(partition, "partition") +
-                         f'<p class="muted">Of {html.escape(str(partition.parent.relative_to(folder)))}; every run '
-                         "with the same seed and partition settings has the same split.</p>"))
+    shown = next((r for r in runs if (r["dir"] / "partition.png").exists()), None)
+    if shown:
+        caption = (f"The partition of seed {shown['summary'].get('seed')} (run {shown['summary']['_dir']}); every run "
+                   "with the same seed and partition settings has the same split.")
+        sections.append(("Partition", image(shown["dir"] / "partition.png", "partition") +
+                         f'<p class="muted">{html.escape(caption)}</p>'))
     if paired_on:
         base = next(r for r in layout["rows"] if baseline in (" ".join(r), names[r]))
         body = image(differences_figure(layout, spec, base, work / "differences.png"), "paired differences")

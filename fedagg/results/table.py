@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedagg.results import render
+from fedagg.results import checks, render
 from fedagg.results.groups import GROUPS
 from fedagg.results.runs import ResultsError, read_runs
 
@@ -91,9 +91,14 @@ def table_spec(runs: list[dict], args) -> dict:
         keys[name] = path
     spec["keys"] = keys
     metric = args.metric or spec.get("metric", "final_test_acc")
+    own = spec.get("metric")
     spec["metric"] = METRIC_NAMES.get(metric, metric)
-    spec.setdefault("percent", spec["metric"].endswith("_acc"))
-    spec.setdefault("decimals", 2 if spec["percent"] else 0)
+    if own and spec["metric"] != own and not (spec.get("percent") and checks.is_accuracy(spec["metric"])):
+        spec.pop("percent", None)  # the table's format was for its own metric
+        spec.pop("decimals", None)
+    percent, decimals = checks.number_format(runs, spec["metric"])
+    spec.setdefault("percent", percent)
+    spec.setdefault("decimals", decimals)
     if args.paper:
         spec["paper"] = args.paper
     return spec
@@ -149,7 +154,9 @@ def measure(runs: list[dict], spec: dict) -> dict:
         return out
     values = [number(r.get(metric)) for r in done]
     reached = [v * scale for v in values if v is not None]
-    if not reached:  # rounds_to_target never reached: report the best accuracy, as FedAdp's table does
+    if not reached and metric != "rounds_to_target":
+        out["text"] = DASH  # completed without a value (never evaluated)
+    elif not reached:  # rounds_to_target never reached: report the best accuracy, as FedAdp's table does
         best = statistics.fmean(100.0 * (number(r.get("best_test_acc")) or 0.0) for r in done)
         out["text"] = f"N/A ({best:.2f}%)"
     else:
@@ -194,6 +201,7 @@ def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[re
     for run in runs:
         cell = tuple(key_text(lookup(run, keys[k])) for k in [*rows_k, *cols_k])
         cells.setdefault(cell, []).append(run)
+    checks.check_cells(cells, spec, lambda cell: " ".join(label(spec, k, v) for k, v in zip([*rows_k, *cols_k], cell)))
     paper = {tuple(key_text(p.get(k)) for k in [*rows_k, *cols_k]): p for p in load_paper(spec)}
     spec["has_paper"] = bool(paper)
     split = lambda cell: (cell[: len(rows_k)], cell[len(rows_k):])  # noqa: E731
@@ -235,7 +243,7 @@ def average_cell(records: list[dict], spec: dict) -> str:
     return f"{fmt(m, d) if m is not None else DASH} ({inner})"
 
 
-def notes(runs: list[dict], spec: dict, extra: set) -> list[str]:
+def notes(runs: list[dict], spec: dict, extra: set, unfinished: list[dict] = ()) -> list[str]:
     out = []
     scales = sorted({float(r.get("experiment_scale", 1.0) or 1.0) for r in runs})
     if any(s < 1 for s in scales):
@@ -264,7 +272,7 @@ def notes(runs: list[dict], spec: dict, extra: set) -> list[str]:
         out.append(f"Rounds to reach the target accuracy ({', '.join(targets)}); N/A (x%): never reached, best accuracy x.")
     if extra:
         out.append("† uses extra data on the server (uses_extra_data): reported for reference only, as in the paper.")
-    other = [r for r in runs if r.get("status") not in ("completed", "diverged")]
+    other = [r for r in runs if r.get("status") not in ("completed", "diverged")] + list(unfinished)
     if other:
         listed = ", ".join(f"{r['_dir']} ({r.get('status')})" for r in other[:10])
         out.append(f"{len(other)} run(s) left out (not completed): {listed}{' …' if len(other) > 10 else ''}")
@@ -279,12 +287,17 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
     are given; keys: where a cell key is found in summary.json), with the paired statistics against the row
     `baseline` when given (the CD diagram is written into folder). ResultsError: one line saying why not."""
     folder = Path(folder)
-    runs = load_runs(folder) if runs is None else runs
+    found = read_runs(folder) if runs is None else runs
+    runs = [run for run in found if run.get("_has_summary", True)]
+    unfinished = [run for run in found if not run.get("_has_summary", True)]  # running, or killed
     if not runs:
         raise ResultsError(f"no summary.json below {folder}")
     args = argparse.Namespace(rows=rows, columns=columns, metric=metric, paper=paper,
                               key=[f"{k}={v}" for k, v in (keys or {}).items()])
     spec = table_spec(runs, args)
+    checks.check_keys(runs, spec, {**{n: "--rows" for n in rows or []}, **{n: "--columns" for n in columns or []},
+                                   **{n: "--key" for n in keys or {}}})
+    checks.check_metric(runs, spec, metric)
     grid_block, records, extra, layout = build(runs, spec, measured_only=measured_only)
     paired = []
     if baseline:
@@ -299,7 +312,7 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
     title = render.heading(f"{spec.get('name', folder.name)}: {spec.get('caption', spec['metric'])}", 3)
     source = [render.text(f"Paper: {spec['source']}")] if spec.get("source") else []
     shown = ["Only the rows and columns with runs are shown (--measured-only)."] if measured_only else []
-    blocks = [title, *source, grid_block, *map(render.text, notes(runs, spec, extra) + shown), *paired]
+    blocks = [title, *source, grid_block, *map(render.text, notes(runs, spec, extra, unfinished) + shown), *paired]
     return render.Table(blocks, cell_frame(records), spec, layout)
 
 
