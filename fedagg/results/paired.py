@@ -11,7 +11,8 @@ from pathlib import Path
 
 from fedagg.results import render, stats
 from fedagg.results.runs import ResultsError
-from fedagg.results.table import DASH, label, measure, number
+from fedagg.results.table import measure
+from fedagg.results.values import DASH, label, number
 
 
 def seed_values(runs: list[dict], spec: dict) -> dict:

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedagg.results.runs import ResultsError, find_run_dirs, read_run  # noqa: E402
-from fedagg.results.table import key_text, label, lookup, number  # noqa: E402
+from fedagg.results.values import key_text, label, lookup, number  # noqa: E402
 
 PLOTS = ("accuracy.png", "update_norms.png", "weights.png")
 

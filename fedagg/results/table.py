@@ -25,8 +25,6 @@ least 3 rows and 3 columns a critical-difference diagram, `cd_diagram.png`.
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import statistics
 import sys
 from collections import Counter
@@ -36,39 +34,10 @@ import pandas as pd
 
 from fedagg.results import checks, render
 from fedagg.results.groups import GROUPS
+from fedagg.results.paper import load_paper, paper_cell, read_paper  # noqa: F401  (read_paper: used by tests)
 from fedagg.results.runs import ResultsError, read_runs
+from fedagg.results.values import CROSS, DASH, fmt, key_text, label, lookup, number  # noqa: F401  (the table's API)
 
-ROOT = Path(__file__).resolve().parents[2]  # paper_results/ paths in the tables are relative to the repository
-DASH, CROSS = "—", "×"
-
-
-def load_runs(folder: Path) -> list[dict]:
-    """The runs below folder that wrote a summary.json (runs.read_runs' dicts)."""
-    return [run for run in read_runs(folder) if run["_has_summary"]]
-
-
-def lookup(summary: dict, path: str):
-    node = summary
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def key_text(value) -> str:
-    """One spelling per value, whether it came from YAML, JSON or a CSV cell: 100.0 -> '100'."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (int, float)):
-        return str(int(value)) if float(value).is_integer() else repr(float(value))
-    text = str(value).strip()
-    try:
-        return key_text(float(text)) if text not in ("nan", "inf", "-inf") else text
-    except ValueError:
-        return text
 
 
 def table_spec(runs: list[dict], args) -> dict:
@@ -107,40 +76,6 @@ def table_spec(runs: list[dict], args) -> dict:
 METRIC_NAMES = {"final": "final_test_acc", "best": "best_test_acc"}  # --metric final|best
 
 
-def load_paper(spec: dict) -> list[dict]:
-    """The paper's cells; a leading `# metric: KEY (why)` line says which summary.json key the
-    paper's numbers are (kept in spec["paper_metric"])."""
-    path = spec.get("paper")
-    if not path:
-        return []
-    path = Path(path) if Path(path).is_absolute() else ROOT / path
-    if not path.exists():
-        print(f"warning: no paper numbers at {path}", file=sys.stderr)
-        return []
-    rows, spec["paper_metric"] = read_paper(path)
-    return rows
-
-
-def read_paper(path: Path) -> tuple[list[dict], str | None]:
-    """A paper_results CSV: its cells, and its `# metric: KEY (why)` line without the prefix."""
-    with open(path, newline="") as f:
-        lines = f.read().splitlines()
-    metric = next((line.removeprefix("# metric:").strip() for line in lines if line.startswith("# metric:")), None)
-    return list(csv.DictReader(line for line in lines if not line.startswith("#"))), metric
-
-
-def number(text) -> float | None:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def fmt(value: float, decimals: int) -> str:
-    return f"{value:.{decimals}f}"
-
-
 def measure(runs: list[dict], spec: dict) -> dict:
     """Mean, std and the cell's text from the runs of one cell."""
     metric, scale, d = spec["metric"], 100.0 if spec["percent"] else 1.0, spec["decimals"]
@@ -168,26 +103,6 @@ def measure(runs: list[dict], spec: dict) -> dict:
     if diverged:
         out["text"] += f" ({len(diverged)}/{len(runs)} {CROSS})"
     return out
-
-
-def paper_cell(row: dict | None, spec: dict) -> tuple[float | None, str]:
-    if row is None:
-        return None, DASH
-    raw = (row.get("paper") or "").strip()
-    value = number(raw)
-    if value is not None:
-        return value, fmt(value, spec["decimals"])
-    if raw in ("x", "X", CROSS):
-        return None, CROSS
-    if raw.upper() == "N/A":
-        best = number(row.get("paper_best"))
-        return None, f"N/A ({best:.2f}%)" if best is not None else "N/A"
-    return None, raw or DASH
-
-
-def label(spec: dict, name: str, value: str) -> str:
-    labels = (spec.get("labels") or {}).get(name) or {}
-    return str(labels.get(value, labels.get(str(value), value)))
 
 
 def ordered(keys_seen: list[tuple], paper_keys: list[tuple]) -> list[tuple]:
