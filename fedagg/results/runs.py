@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from fedagg.results.derived import add_derived
 from fedagg.results.groups import RECORDED_CHOICES
 
 RUN_FILES = ("summary.json", "config.yaml")
@@ -152,9 +153,11 @@ def sweep_frame(runs: list[dict]) -> pd.DataFrame:
 def load_sweep(folder: str | Path) -> pd.DataFrame:
     """One row per run folder below `folder` (or the one run folder given): `run` (its folder, relative),
     `status`, `seed`, every group choice (`aggregator`, `dataset`, ...), every summary.json field flattened
-    (`final_test_acc`, `config.aggregator.lr`, ...), the overrides that vary across the runs, and `path`.
+    (`final_test_acc`, `config.aggregator.lr`, ...), the overrides that vary across the runs, and `path`;
+    from the runs' CSV files `last_k_test_acc` (k = ⌈R/10⌉: `last_k`), and with per-client evaluation
+    `final_client_jain` and `final_client_acc_gap10` (fedagg.results.derived says how each is computed).
     Runs without a summary.json are there as `running` or `interrupted`."""
-    return sweep_frame(read_runs(Path(folder)))
+    return sweep_frame([add_derived(run) for run in read_runs(Path(folder))])
 
 
 def _long(folder: str | Path, filename: str) -> pd.DataFrame:

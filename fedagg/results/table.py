@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedagg.results import checks, render
+from fedagg.results import checks, derived, render
 from fedagg.results.groups import GROUPS
 from fedagg.results.paper import load_paper, paper_cell, read_paper  # noqa: F401  (read_paper: used by tests)
 from fedagg.results.runs import ResultsError, read_runs
@@ -73,7 +73,8 @@ def table_spec(runs: list[dict], args) -> dict:
     return spec
 
 
-METRIC_NAMES = {"final": "final_test_acc", "best": "best_test_acc"}  # --metric final|best
+METRIC_NAMES = {"final": "final_test_acc", "best": "best_test_acc", "last_k": derived.LAST_K,  # --metric final|...
+                "jain": derived.JAIN, "gap10": derived.GAP}
 
 
 def measure(runs: list[dict], spec: dict) -> dict:
@@ -196,17 +197,20 @@ def notes(runs: list[dict], spec: dict, extra: set, unfinished: list[dict] = ())
 
 def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[str] | None = None,
                 metric: str | None = None, paper: str | None = None, keys: dict[str, str] | None = None,
-                measured_only: bool = False, baseline: str | None = None, runs: list[dict] | None = None
-                ) -> render.Table:
+                measured_only: bool = False, baseline: str | None = None, runs: list[dict] | None = None,
+                last_k: int | None = None) -> render.Table:
     """The table of the runs below `folder` (the table experiment's layout unless rows, columns, metric or paper
     are given; keys: where a cell key is found in summary.json), with the paired statistics against the row
-    `baseline` when given (the CD diagram is written into folder). ResultsError: one line saying why not."""
+    `baseline` when given (the CD diagram is written into folder); metric last_k averages the last `last_k` evaluated
+    rounds (default ⌈R/10⌉). ResultsError: one line saying why not."""
     folder = Path(folder)
     found = read_runs(folder) if runs is None else runs
     runs = [run for run in found if run.get("_has_summary", True)]
     unfinished = [run for run in found if not run.get("_has_summary", True)]  # running, or killed
     if not runs:
         raise ResultsError(f"no summary.json below {folder}")
+    if METRIC_NAMES.get(metric, metric) in derived.DERIVED:  # computed from the runs' CSV files
+        runs = [derived.add_derived(run, last_k) for run in runs]
     args = argparse.Namespace(rows=rows, columns=columns, metric=metric, paper=paper,
                               key=[f"{k}={v}" for k, v in (keys or {}).items()])
     spec = table_spec(runs, args)
@@ -227,7 +231,12 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
     title = render.heading(f"{spec.get('name', folder.name)}: {spec.get('caption', spec['metric'])}", 3)
     source = [render.text(f"Paper: {spec['source']}")] if spec.get("source") else []
     shown = ["Only the rows and columns with runs are shown (--measured-only)."] if measured_only else []
-    blocks = [title, *source, grid_block, *map(render.text, notes(runs, spec, extra, unfinished) + shown), *paired]
+    stated = [derived.convention(spec["metric"], runs)]
+    if spec["metric"] in ("final_test_acc", "best_test_acc", derived.LAST_K) and any(
+            "final_client_acc_mean" in run for run in runs):
+        stated.append("These runs also scored every client on its own test split: `--metric final_client_acc_mean` "
+                      "shows the mean of the per-client accuracies, next to this pooled test-set accuracy.")
+    blocks = [title, *map(render.text, stated), *source, grid_block, *map(render.text, notes(runs, spec, extra, unfinished) + shown), *paired]
     return render.Table(blocks, cell_frame(records), spec, layout)
 
 
@@ -245,13 +254,16 @@ def cell_frame(records: list[dict]) -> pd.DataFrame:
 def main(argv: list[str] | None = None, prog: str | None = None, stats_only: bool = False) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a sweep folder (runs with summary.json below it)")
-    parser.add_argument("--metric", help="final, best or any summary.json key (default: the table's, else final_test_acc)")
+    parser.add_argument("--metric", help="final, best (selected on the test set), last_k (mean of the last k evaluated "
+                        "rounds), jain, gap10 (fairness over clients) or any summary.json key (default: the table's, "
+                        "else final_test_acc)")
     parser.add_argument("--paper", help="CSV of the paper's numbers (default: the table's)")
     parser.add_argument("--rows", nargs="+", help="cell keys of the rows (default: the table's)")
     parser.add_argument("--columns", nargs="+", help="cell keys of the columns (default: the table's)")
     parser.add_argument("--key", action="append", help="NAME=PATH: where a cell key is in summary.json")
     parser.add_argument("--measured-only", action="store_true",
                         help="show only the rows and columns that have runs (a partly run table)")
+    parser.add_argument("--last-k", type=int, help="with --metric last_k: how many evaluated rounds (default ⌈R/10⌉)")
     parser.add_argument("--baseline", required=stats_only,
                         help="a row (e.g. fedavg): paired differences to it, ranks, Friedman, CD diagram")
     parser.add_argument("--format", choices=("markdown", "csv", "latex", "html"), default="markdown",
@@ -260,7 +272,8 @@ def main(argv: list[str] | None = None, prog: str | None = None, stats_only: boo
     keys = dict(item.partition("=")[::2] for item in args.key or [])
     try:
         table = build_table(args.folder, rows=args.rows, columns=args.columns, metric=args.metric, paper=args.paper,
-                            keys=keys, measured_only=args.measured_only, baseline=args.baseline)
+                            keys=keys, measured_only=args.measured_only, baseline=args.baseline,
+                            last_k=args.last_k)
     except ResultsError as err:
         print(err, file=sys.stderr)
         return 2
