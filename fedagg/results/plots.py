@@ -31,7 +31,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from fedagg.results.runs import ResultsError, find_run_dirs, read_run  # noqa: E402
+from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
+from fedagg.results.runs import ResultsError, find_run_dirs, overrides_of, read_run, sweep_frame  # noqa: E402
 from fedagg.results.values import key_text, label, lookup, number  # noqa: E402
 
 PLOTS = ("accuracy.png", "update_norms.png", "weights.png")
@@ -62,8 +63,25 @@ def unfinished_note(unfinished: list[dict]) -> str:
     return (f"{len(unfinished)} run(s) without a summary.json left out: {listed}{' …' if len(unfinished) > 10 else ''}")
 
 
-def describe(run: dict) -> tuple[str, str]:
-    """(panel title, line label) of a run: the table's column cell and row, else the aggregator."""
+def sweep_axes(runs: list[dict]) -> list[str]:
+    """The settings a plain sweep varies besides the aggregator and the seed (group choices, overridden keys):
+    each value gets its own panel (and table column), so that no line pools runs of different settings."""
+    summaries = [run["summary"] for run in runs if not isinstance(lookup(run["summary"], "config.table"), dict)]
+    if not summaries:
+        return []
+    frame = sweep_frame(summaries)
+    candidates = [g for g in RECORDED_CHOICES if g in frame] + frame.attrs["varying"]
+    return [c for c in dict.fromkeys(candidates) if c not in ("aggregator", "seed") and frame[c].nunique() > 1]
+
+
+def axis_value(summary: dict, axis: str):
+    choices = summary.get("choices") or {}
+    return choices.get(axis) if axis in choices else overrides_of(summary).get(axis)
+
+
+def describe(run: dict, axes: list[str] = ()) -> tuple[str, str]:
+    """(panel title, line label) of a run: the table's column cell and row, else the sweep's other axes
+    (`system=dropout`) and the aggregator."""
     s = run["summary"]
     spec = lookup(s, "config.table") or {}
     keys = spec.get("keys") or {}
@@ -78,7 +96,7 @@ def describe(run: dict) -> tuple[str, str]:
     if spec.get("rows"):
         return text(spec.get("columns") or []), text(spec["rows"])
     agg = lookup(s, "choices.aggregator") or lookup(s, "config.aggregator._target_") or "?"
-    return "", str(agg).rsplit(".", 1)[-1]
+    return " ".join(f"{a}={key_text(axis_value(s, a))}" for a in axes), str(agg).rsplit(".", 1)[-1]
 
 
 def series(runs: list[dict], column: str, scale: float = 1.0) -> tuple[list[int], list[float], list[float]]:
@@ -144,11 +162,11 @@ def column_name(column: str) -> str:
     return {"update_norm": "N", "client_update_norm": "E"}.get(column, column)
 
 
-def plot_weights(runs: list[dict], out: Path, limit: int) -> Path:
+def plot_weights(runs: list[dict], out: Path, limit: int, axes: list[str] = ()) -> Path:
     """Per-client weight trajectories, one panel per run (first seed of each cell), at most `limit`."""
     chosen, seen = [], set()
     for run in sorted(runs, key=lambda r: str(r["summary"].get("seed"))):
-        cell = describe(run)
+        cell = describe(run, axes)
         if run["weights"] and cell not in seen:
             seen.add(cell)
             chosen.append(run)
@@ -163,7 +181,7 @@ def plot_weights(runs: list[dict], out: Path, limit: int) -> Path:
         for client, points in sorted(by_client.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
             points.sort()
             ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=0.9, alpha=0.8, label=f"client {client}")
-        panel, line = describe(run)
+        panel, line = describe(run, axes)
         ax.set_title(" · ".join(t for t in (line, panel, f"seed {run['summary'].get('seed')}") if t), fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("round")
@@ -223,15 +241,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     run_dirs = [r["dir"] for r in runs]
     out = args.out or (args.paths[0] if len(args.paths) == 1 else Path(os.path.commonpath([str(d.parent) for d in run_dirs])))
     out.mkdir(parents=True, exist_ok=True)
+    axes = sweep_axes(runs)
     groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        panel, line = describe(run)
+        panel, line = describe(run, axes)
         groups[panel][line].append(run)
     images = [
         plot_curves(groups, out, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)"),
         plot_curves(groups, out, "update_norms.png", [("update_norm", "-", 1.0), ("client_update_norm", "--", 1.0)],
                     "update norm (N solid, E dashed)"),
-        plot_weights(runs, out, args.max_weight_panels),
+        plot_weights(runs, out, args.max_weight_panels, axes),
     ]
     for path in images:
         print(path)

@@ -135,21 +135,25 @@ def differences_figure(layout: dict, spec: dict, baseline: tuple, path: Path) ->
     return path
 
 
-def build_report(folder: Path, baseline: str | None, work: Path) -> tuple[str, list[dict]]:
+def build_report(folder: Path, baseline: str | None, work: Path, rows: list[str] | None = None,
+                 columns: list[str] | None = None) -> tuple[str, list[dict]]:
     runs, unfinished = plot.finished_runs([folder])
     if not runs:
         raise ResultsError(f"no finished runs (summary.json) under {folder}")
     summaries = [run["summary"] for run in runs]
-    layout = make_table.build_table(folder, runs=summaries + unfinished).layout
+    axes = plot.sweep_axes(runs)
+    if columns is None and axes:  # a plain sweep over more than methods: a column per setting, nothing pooled
+        columns = list(dict.fromkeys(["dataset", *axes]))
+    layout = make_table.build_table(folder, runs=summaries + unfinished, rows=rows, columns=columns).layout
     names = {r: " ".join(r) for r in layout["rows"]}
     if baseline is None and any(n == "fedavg" for n in names.values()):
         baseline = "fedavg"
     paired_on = baseline if baseline and len(layout["rows"]) > 1 else None
-    table = make_table.build_table(work, runs=summaries + unfinished, baseline=paired_on)  # the CD diagram goes to work
+    table = make_table.build_table(work, runs=summaries + unfinished, baseline=paired_on, rows=rows, columns=columns)  # the CD diagram goes to work
     spec = table.spec
     groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        panel, line = plot.describe(run)
+        panel, line = plot.describe(run, axes)
         groups[panel][line].append(run)
     sections = []
     sections.append(("What was run", what_was_run(runs, unfinished, table, folder)))
@@ -161,7 +165,7 @@ def build_report(folder: Path, baseline: str | None, work: Path) -> tuple[str, l
     clients = client_distributions(groups, work / "clients.png")
     if clients:
         sections.append(("Per-client accuracy", image(clients, "per-client accuracy")))
-    sections.append(("Aggregation weights", image(plot.plot_weights(runs, work, 12), "aggregation weights")))
+    sections.append(("Aggregation weights", image(plot.plot_weights(runs, work, 12, axes), "aggregation weights")))
     shown = next((r for r in runs if (r["dir"] / "partition.png").exists()), None)
     if shown:
         caption = (f"The partition of seed {shown['summary'].get('seed')} (run {shown['summary']['_dir']}); every run "
@@ -186,6 +190,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a sweep folder (runs below it)")
     parser.add_argument("--baseline", help="the row the paired statistics compare with (default: fedavg if present)")
+    parser.add_argument("--rows", nargs="+", help="cell keys of the table's rows (default: the table's, else aggregator)")
+    parser.add_argument("--columns", nargs="+",
+                        help="cell keys of its columns (default: the table's, else dataset and every other setting the "
+                             "sweep varies)")
     parser.add_argument("--wandb-mode", choices=("online", "offline", "disabled"),
                         help="override the runs' W&B mode for the report run (disabled: no W&B)")
     args = parser.parse_args(argv)
@@ -193,7 +201,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         work = Path(tmp) / args.folder.resolve().name  # plot titles a panel without a name after its folder
         work.mkdir()
         try:
-            page, runs = build_report(args.folder, args.baseline, work)
+            page, runs = build_report(args.folder, args.baseline, work, args.rows, args.columns)
         except ValueError as err:
             print(err, file=sys.stderr)
             return 2
