@@ -25,8 +25,9 @@ def test_runs_of_other_settings_pooled_as_seeds_are_refused_naming_the_setting(t
         for system in ("none", "dropout"):
             for seed in (0, 1):
                 noise = 0.003 if (agg, seed) == ("median", 1) else 0.0  # paired differences that are not constant
+                where = f"data.root=/data{seed}"  # where the files were is no setting of the result
                 fake_run(sweep / str(i), seed=seed, acc=0.5 + 0.01 * i + noise, choices={"aggregator": agg, "system": system},
-                         overrides=[f"aggregator={agg}", f"system={system}", f"seed={seed}"])
+                         overrides=[f"aggregator={agg}", f"system={system}", f"seed={seed}", where])
                 i += 1
     expected = ("the cell fedavg digits pools runs that differ in system (dropout, none), which is neither a row, a "
                 "column nor the seed: add it (--columns dataset system) or table each value apart")

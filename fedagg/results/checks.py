@@ -14,6 +14,8 @@ from fedagg.results.groups import GROUPS, RECORDED_CHOICES
 from fedagg.results.runs import ResultsError, overrides_of
 
 MISSING = object()
+# overrides that say where files are or how a run is carried out, not what it computes: never a reason to refuse
+NOT_SETTINGS = ("data.root", "data.download", "resume", "threads", "checkpoint_every", "logger")
 
 
 def find(summary: dict, path: str):
@@ -73,9 +75,9 @@ def settings_of(run: dict, spec: dict) -> dict:
     paths = set(spec["keys"].values())
     names = set(spec["rows"]) | set(spec["columns"])
     choices = {g: v for g, v in (run.get("choices") or {}).items() if g in RECORDED_CHOICES}
-    out = {g: v for g, v in choices.items() if f"choices.{g}" not in paths and g not in names}
+    out = {g: v for g, v in choices.items() if f"choices.{g}" not in paths and g not in names and g != "logger"}
     for key, value in overrides_of(run).items():
-        if key == "seed" or key in names or f"config.{key}" in paths or f"choices.{key}" in paths or key in choices:
+        if key == "seed" or key.startswith(NOT_SETTINGS) or key in names or f"config.{key}" in paths or f"choices.{key}" in paths or key in choices:
             continue
         out[key] = value
     return out

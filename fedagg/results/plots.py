@@ -31,6 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from fedagg.results.checks import NOT_SETTINGS  # noqa: E402
 from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
 from fedagg.results.runs import ResultsError, find_run_dirs, overrides_of, read_run, sweep_frame  # noqa: E402
 from fedagg.results.values import key_text, label, lookup, number  # noqa: E402
@@ -71,7 +72,8 @@ def sweep_axes(runs: list[dict]) -> list[str]:
         return []
     frame = sweep_frame(summaries)
     candidates = [g for g in RECORDED_CHOICES if g in frame] + frame.attrs["varying"]
-    return [c for c in dict.fromkeys(candidates) if c not in ("aggregator", "seed") and frame[c].nunique() > 1]
+    return [c for c in dict.fromkeys(candidates)
+            if c not in ("aggregator", "seed") and not c.startswith(NOT_SETTINGS) and frame[c].nunique() > 1]
 
 
 def axis_value(summary: dict, axis: str):
