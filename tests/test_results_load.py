@@ -24,6 +24,8 @@ def test_load_sweep_has_a_completed_a_failed_a_diverged_a_running_and_a_killed_j
              config={"aggregator": {"mu": 0.1}})
     unfinished_run(sweep / "10", pid=os.getpid(), checkpoint=False, seed=3)  # this process holds it: running
     unfinished_run(sweep / "3", pid=dead_pid(), checkpoint=True, seed=4)  # its process is gone: interrupted
+    (sweep / "wandb" / "offline-run-1" / "files").mkdir(parents=True)  # what a plot logged to W&B leaves
+    (sweep / "wandb" / "offline-run-1" / "files" / "config.yaml").write_text("_wandb: {}\n")
     frame = load_sweep(sweep)
     assert list(frame["run"]) == ["0", "1", "2", "3", "10"]  # 3 before 10
     assert list(frame["status"]) == ["completed", "failed", "diverged", "interrupted", "running"]

@@ -21,6 +21,7 @@ from fedagg.results.derived import add_derived
 from fedagg.results.groups import RECORDED_CHOICES
 
 RUN_FILES = ("summary.json", "config.yaml")
+STARTED = (".owner", "metrics.csv", "checkpoint.pt")  # beside a config.yaml: a run began here (not W&B's config.yaml)
 IDENTITY = ("run", "status", "seed")  # with the group choices and the varying overrides: what names a run
 
 
@@ -39,11 +40,17 @@ def find_run_dirs(paths: list[Path]) -> list[Path]:
     for path in map(Path, paths):
         if not path.exists():
             raise ResultsError(f"{path} does not exist; give a run folder or a sweep folder")
-        if any((path / name).exists() for name in RUN_FILES):
+        if is_run_dir(path):
             found.append(path)
         else:
-            found += sorted({p.parent for name in RUN_FILES for p in path.rglob(name)}, key=natural)
+            below = {p.parent for name in RUN_FILES for p in path.rglob(name)}
+            found += sorted((d for d in below if is_run_dir(d)), key=natural)
     return list(dict.fromkeys(found))
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "summary.json").exists() or (
+        (path / "config.yaml").exists() and any((path / name).exists() for name in STARTED))
 
 
 def _pid_alive(pid: int) -> bool:
