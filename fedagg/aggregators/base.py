@@ -8,7 +8,8 @@ method whose rule is not "weights, then one update" overrides `aggregate` itself
 sets `last_weights` ([K], summing to 1; element-wise rules report each client's mean weight).
 
 What a method needs beyond the always-present fields of `RoundInputs` it declares in
-`needs`; per-round scalars worth plotting (a learned factor, a loss) it passes to
+`needs`; what a participant receives and sends, in bits, in `bits(num_params)` (dense 32-bit
+parameters here; a method that compresses or sends more overrides it); per-round scalars worth plotting (a learned factor, a loss) it passes to
 `report(...)`, and they land in `metrics.csv` as `agg_<name>` columns. State that must
 survive a resume goes in `state_dict()`; per-client state is keyed by the client's global
 id (`inputs.client_ids`), never by its position in this round's sample.
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.blocks import weighted_update
-from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
+from fedagg.aggregators.inputs import Bits, ClientSetup, Needs, RoundInputs, dense
 from fedagg.config.constraints import checked
 
 Weighting = Literal["samples", "uniform"]  # p = D, or 1/K
@@ -48,6 +49,12 @@ class Aggregator:
 
     def check_clients(self, setup: ClientSetup) -> None:
         """Refuse, before any training, clients this method has no rule for (FedNova: Nesterov; Krum: too few)."""
+
+    def bits(self, num_params: int) -> Bits:
+        """What one participant receives (the global model) and sends back (its trained model) in a round:
+        `num_params` 32-bit floats each way. Per-client scalars (sample and step counts, a validation
+        score) are not counted: a few words next to a model."""
+        return Bits(down=dense(num_params), up=dense(num_params))
 
     def client_weights(self, inputs: RoundInputs) -> Tensor:
         """[K] non-negative weights summing to 1."""

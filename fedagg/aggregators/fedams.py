@@ -19,7 +19,7 @@ from torch import Tensor
 from fedagg.aggregators.base import Weighting
 from fedagg.aggregators.fedopt import Beta, FedAdam, Rate
 from fedagg.aggregators.blocks import row_blocks
-from fedagg.aggregators.inputs import RoundInputs
+from fedagg.aggregators.inputs import Bits, RoundInputs, dense
 from fedagg.config.constraints import Flag, Range, checked
 
 # eps > 0 is what keeps sqrt(v_hat) away from 0 when g is all zeros
@@ -83,7 +83,7 @@ class FedCAMS(FedAMS):
         if self.compressor == "sign":
             # scaled sign: sign(x) * ||x||_1 / P keeps the row's mean magnitude
             return torch.sign(x) * x.abs().sum(dim=1, keepdim=True) / x.shape[1]
-        k = max(1, int(self.ratio * x.shape[1]))  # at least one entry survives
+        k = self.kept(x.shape[1])  # at least one entry survives
         keep = x.abs().topk(k, dim=1).indices
         return torch.zeros_like(x).scatter(1, keep, x.gather(1, keep))
 
@@ -113,3 +113,16 @@ class FedCAMS(FedAMS):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.errors = {int(i): e.clone() for i, e in state["errors"].items()}
+
+    def kept(self, num_params: int) -> int:
+        """Entries top-k sends: ratio * P rounded down, at least one."""
+        return max(1, int(self.ratio * num_params))
+
+    def bits(self, num_params: int) -> Bits:
+        """Down: the dense global model. Up, as SPEC's upload channel counts it: sign sends one bit per entry
+        and the 32-bit scale; top-k sends each kept entry's 32-bit value and its index (ceil(log2 P) bits)."""
+        if self.compressor == "sign":
+            up = num_params + 32
+        else:
+            up = self.kept(num_params) * (32 + (num_params - 1).bit_length())  # bit_length: ceil(log2 P), exactly
+        return Bits(down=dense(num_params), up=up)

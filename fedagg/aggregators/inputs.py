@@ -49,6 +49,21 @@ class Needs:
 
 
 @dataclass(frozen=True)
+class Bits:
+    """What one participant receives from the server (`down`) and sends back (`up`) in a round, in bits:
+    the trainable parameters and the method's own payloads (SCAFFOLD's control variates), as the method
+    sends them. The loop adds the BatchNorm buffers, which every method sends dense both ways."""
+
+    down: int
+    up: int
+
+
+def dense(num_values: int) -> int:
+    """Bits of `num_values` 32-bit floats."""
+    return 32 * num_values
+
+
+@dataclass(frozen=True)
 class ClientSetup:
     """What a method may check before training: how clients train and how many take part in a round."""
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, Weighting
-from fedagg.aggregators.inputs import Needs, RoundInputs
+from fedagg.aggregators.inputs import Bits, Needs, RoundInputs, dense
 from fedagg.clients.objectives import LocalWork, Objective
 from fedagg.config.constraints import Range, checked
 
@@ -64,6 +64,10 @@ class Scaffold(Aggregator):
         self.lr = float(lr)
         self.client = ScaffoldClient() if client is None else client
         self.needs = Needs(client_half=self.client)
+
+    def bits(self, num_params: int) -> Bits:
+        """Twice the dense model each way: down w and c, up the trained model and Δc_k."""
+        return Bits(down=2 * dense(num_params), up=2 * dense(num_params))
 
     def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
         delta_c = inputs.payloads["delta_c"]

@@ -20,6 +20,7 @@ from fedagg.data.seeding import generator
 from fedagg.engines.base import RoundJob, RoundResult
 from fedagg.loop.assembly import Federation
 from fedagg.loop.checkpoints import rng_state, save_atomically, save_checkpoint, set_rng_state
+from fedagg.loop.communication import BitCounter
 from fedagg.loop.diagnostics import round_diagnostics
 from fedagg.loop.evaluation import evaluate, per_client_accuracy, spread
 from fedagg.loop.inputs import InputsProvider
@@ -56,6 +57,7 @@ class RoundLoop:
         self.summary["uses_extra_data"] = fed.aggregator.needs.uses_extra_data
         self.summary["corrupted_clients"] = fed.corrupted
         self.corrupted = set(fed.corrupted)
+        self.bits = BitCounter(fed.aggregator, self.params.numel(), self.buffers.numel())
 
     # -- checkpoints ---------------------------------------------------------------------
     def state(self, elapsed: float) -> dict:
@@ -64,6 +66,7 @@ class RoundLoop:
             "aggregator": self.fed.aggregator.state_dict(), "trainer": self.fed.trainer.state_dict(),
             "rng": rng_state(), "summary": self.summary, "elapsed_s": elapsed,
             "metrics": self.metrics.rows, "weights": self.weights_log.rows, "clients": self.clients_log.rows,
+            "bits": self.bits.state_dict(),
         }
 
     def restore(self, ckpt: dict) -> None:
@@ -76,6 +79,7 @@ class RoundLoop:
         self.metrics.reset(ckpt["metrics"])  # rows written after the checkpoint are dropped
         self.weights_log.reset(ckpt["weights"])
         self.clients_log.reset(ckpt.get("clients", []))
+        self.bits.load_state_dict(ckpt.get("bits"))
         self.next_round, self.elapsed_before = ckpt["round"] + 1, ckpt["elapsed_s"]
         log.info("resuming after round %d", ckpt["round"])
 
@@ -83,12 +87,14 @@ class RoundLoop:
     def step(self, r: int) -> dict:
         fed, seed = self.fed, self.settings.seed
         online = fed.system.online(seed, r, self.settings.num_clients)
-        ids = fed.system.reporting(seed, r, sample_clients(self.settings, r, online))
+        sampled = sample_clients(self.settings, r, online)
+        ids = fed.system.reporting(seed, r, sampled)
+        bits = self.bits.count(len(sampled), len(ids))  # down to every sampled client, up from those that report
         lr = fed.trainer.lr_at(r, self.settings.rounds)
         if not ids:
             log.warning("round %d: no client reported; the global model is kept", r)
             return {"round": r, "test_acc": None, "test_loss": None, "train_loss": None, "update_norm": 0.0,
-                    "lr": lr, "clients": 0}
+                    "lr": lr, "clients": 0, **bits}
         chosen = [fed.clients[i] for i in ids]
         budgets = fed.system.budgets(seed, r, ids, [fed.trainer.steps(c) for c in chosen])
         result = fed.engine.train_round(RoundJob(
@@ -101,7 +107,7 @@ class RoundLoop:
         weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
                **round_diagnostics(self.params, new_params, result.params, weights, inputs.block_rows),
-               "lr": lr, "clients": len(chosen),
+               "lr": lr, "clients": len(chosen), **bits,
                **{f"agg_{k}": v for k, v in fed.aggregator.take_diagnostics().items()}}
         self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t)}
                                 for i, w, n, t in zip(ids, weights.tolist(), inputs.num_samples.tolist(),

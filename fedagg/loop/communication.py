@@ -1,0 +1,47 @@
+"""Bits a round sends between the server and its clients, and their running totals (`metrics.csv`).
+
+Down is what the server sends to every client sampled this round: the global model, its
+BatchNorm buffers and what the method adds (SCAFFOLD's c). Up is what the clients that
+report send back: their model (as the method sends it: FedCAMS compresses it) and their
+buffers. A straggler sends its model after fewer steps, so it counts in full; a client
+that drops out (`system=dropout`) was sent the model but sends nothing back. What a method
+sends per client it declares in `Aggregator.bits`; buffers are always dense 32-bit.
+
+One object for the whole count, so that the upload channel stage (DESIGN "One upload
+channel") can take it over and count what each client's message really holds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.inputs import dense
+
+log = logging.getLogger(__name__)
+
+
+class BitCounter:
+    def __init__(self, aggregator: Aggregator, num_params: int, num_buffers: int) -> None:
+        self.aggregator, self.num_params, self.num_buffers = aggregator, num_params, num_buffers
+        self.up_total: int | None = 0  # None: unknown (resumed from a checkpoint that did not count)
+        self.down_total: int | None = 0
+
+    def count(self, sampled: int, reported: int) -> dict[str, int | None]:
+        """The round's metrics columns: bits sent down to `sampled` clients, up from the `reported` ones, totals."""
+        per_client = self.aggregator.bits(self.num_params)
+        buffers = dense(self.num_buffers)
+        down, up = sampled * (per_client.down + buffers), reported * (per_client.up + buffers)
+        if self.up_total is not None:
+            self.down_total, self.up_total = self.down_total + down, self.up_total + up
+        return {"bits_down": down, "bits_up": up, "bits_down_total": self.down_total, "bits_up_total": self.up_total}
+
+    def state_dict(self) -> dict:
+        return {"up_total": self.up_total, "down_total": self.down_total}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is None:  # the rounds before the checkpoint were not counted: totals are left empty, not wrong
+            log.warning("the checkpoint has no bit counts: bits_up_total and bits_down_total stay empty")
+            self.up_total = self.down_total = None
+            return
+        self.up_total, self.down_total = state["up_total"], state["down_total"]

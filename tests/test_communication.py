@@ -1,0 +1,77 @@
+"""Bits sent per round (metrics.csv bits_down/bits_up and their totals) against hand counts."""
+
+import csv
+import shutil
+
+import torch
+from torch import nn
+
+from conftest import compose_config
+from fedagg.aggregators.base import FedAvg
+from fedagg.aggregators.fedams import FedCAMS
+from fedagg.aggregators.scaffold import Scaffold
+from fedagg.loop.communication import BitCounter
+from fedagg.models.flat import get_buffers, get_params
+from fedagg.run import train
+
+
+def test_bits_per_round_for_fedavg_scaffold_and_fedcams_against_hand_counts():
+    # P = 1000 parameters, B = 3 buffer values; 4 clients sampled, 3 report
+    fedavg = BitCounter(FedAvg(), 1000, 3).count(4, 3)
+    assert fedavg == {"bits_down": 4 * 32 * 1003, "bits_up": 3 * 32 * 1003,
+                      "bits_down_total": 128384, "bits_up_total": 96288}
+    scaffold = BitCounter(Scaffold(), 1000, 3).count(4, 3)  # model and control variate, both ways
+    assert (scaffold["bits_down"], scaffold["bits_up"]) == (4 * (64000 + 96), 3 * (64000 + 96))
+    # top-k, ratio 0.05: 50 entries of 32 bits + a 10-bit index (ceil(log2 1000)); down stays dense
+    topk = BitCounter(FedCAMS(compressor="topk", ratio=0.05), 1000, 3).count(4, 3)
+    assert (topk["bits_down"], topk["bits_up"]) == (4 * 32096, 3 * (50 * 42 + 96))
+    # ratio 1/64 of 1000 is 15.6: the compressor keeps 15 entries, and 15 are counted
+    assert BitCounter(FedCAMS(compressor="topk"), 1000, 0).count(1, 1)["bits_up"] == 15 * 42
+    sign = BitCounter(FedCAMS(compressor="sign"), 1000, 3).count(4, 3)  # one bit per entry and the scale
+    assert sign["bits_up"] == 3 * (1000 + 32 + 96)
+
+
+def test_totals_run_over_rounds_and_count_batchnorm_buffers():
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))  # 3*2 + 2 weights and biases, 2 + 2 affine
+    p, b = get_params(model).numel(), get_buffers(model).numel()
+    assert (p, b) == (12, 5)  # running mean and variance, and num_batches_tracked
+    counter = BitCounter(FedAvg(), p, b)
+    counter.count(5, 5)
+    second = counter.count(5, 2)  # three dropped out: they were sent the model but sent nothing back
+    assert second == {"bits_down": 5 * 544, "bits_up": 2 * 544, "bits_down_total": 10 * 544, "bits_up_total": 7 * 544}
+    restored = BitCounter(FedAvg(), p, b)
+    restored.load_state_dict(counter.state_dict())
+    assert restored.count(1, 1)["bits_up_total"] == 8 * 544
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in csv.DictReader(f)]
+
+
+def test_a_run_counts_every_round_and_resumes_its_totals(tmp_path):
+    # digits MLP: P = 64*64 + 64 + 64*10 + 10 = 4810, no buffers. FedCAMS top-k (1/64) uploads 75 entries of
+    # 32 + 13 bits; 4 of 10 clients are sampled a round and half of them drop out
+    overrides = ["device=cpu", "rounds=4", "eval_every=3", "checkpoint_every=2", "clients_per_round=4",
+                 "system=dropout", "system.p=0.5", "aggregator=fedcams", "aggregator.compressor=topk"]
+    run = tmp_path / "run"
+    train(compose_config(*overrides), run, choices={"aggregator": "fedcams"})
+    rows = _rows(run / "metrics.csv")
+    reported = [sum(1 for w in _rows(run / "weights.csv") if int(w["round"]) == r) for r in range(1, 5)]
+    assert sum(reported) < 16  # dropouts happened, or the test would not tell sampled from reported
+    assert [int(r["round"]) for r in rows] == [3, 4]  # rounds 1 and 2 have no row, but count in the totals
+    for row in rows:
+        r = int(row["round"])
+        assert int(row["bits_down"]) == 4 * 32 * 4810
+        assert int(row["bits_up"]) == reported[r - 1] * 75 * 45
+        assert int(row["bits_down_total"]) == r * 4 * 32 * 4810
+        assert int(row["bits_up_total"]) == sum(reported[:r]) * 75 * 45
+    # resumed after round 2 (the checkpoint before the last): the totals come from the checkpoint, not from rows
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed)
+    shutil.move(resumed / "checkpoint.prev.pt", resumed / "checkpoint.pt")
+    assert torch.load(resumed / "checkpoint.pt", weights_only=False)["round"] == 2
+    (resumed / "summary.json").unlink()
+    (resumed / "metrics.csv").unlink()
+    train(compose_config(*overrides, "resume=true"), resumed, choices={"aggregator": "fedcams"})
+    assert _rows(resumed / "metrics.csv") == rows
