@@ -12,7 +12,9 @@ from fedagg.aggregators.fedams import FedCAMS
 from fedagg.aggregators.scaffold import Scaffold
 from fedagg.loop.communication import BitCounter
 from fedagg.models.flat import get_buffers, get_params
+from fedagg.results import plots as plot
 from fedagg.run import train
+from results_runs import fake_run
 
 
 def test_bits_per_round_for_fedavg_scaffold_and_fedcams_against_hand_counts():
@@ -75,3 +77,37 @@ def test_a_run_counts_every_round_and_resumes_its_totals(tmp_path):
     (resumed / "metrics.csv").unlink()
     train(compose_config(*overrides, "resume=true"), resumed, choices={"aggregator": "fedcams"})
     assert _rows(resumed / "metrics.csv") == rows
+
+
+def test_plot_draws_accuracy_against_the_cumulative_bits(tmp_path, monkeypatch):
+    sweep = tmp_path / "sweep"
+    # seed 1 lost clients: it uploaded less. Rows at the evaluated rounds 2 and 4 only
+    for method, per_round in (("fedavg", 1000), ("fedcams", 10)):
+        for seed, up_share in ((0, 1.0), (1, 0.8)):
+            metrics = [{"round": r, "test_acc": 0.5 + 0.1 * r + 0.1 * seed, "bits_up": 0, "bits_down": 0,
+                        "bits_up_total": int(up_share * per_round * r), "bits_down_total": 1000 * r} for r in (2, 4)]
+            fake_run(sweep / f"{method}{seed}", seed=seed, choices={"aggregator": method}, metrics=metrics)
+    figures = []
+    monkeypatch.setattr(plot.plt, "close", figures.append)  # keep the figures to read back what was drawn
+    assert plot.main([str(sweep), "--wandb-mode", "disabled"]) == 0
+    assert (sweep / "accuracy_bits.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    drawn = [f for f in figures if "bits" in f.axes[0].get_xlabel()]
+    assert len(drawn) == 1
+    uploaded, both = drawn[0].axes
+    assert uploaded.get_xlabel() == "cumulative bits uploaded (log scale)" and uploaded.get_xscale() == "log"
+    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in uploaded.lines}
+    assert set(lines) == {"fedavg", "fedcams"}
+    # x: the mean over seeds of bits_up_total, (1000 r + 800 r) / 2; y: the mean accuracy in %
+    torch.testing.assert_close(lines["fedavg"][0], [1800.0, 3600.0])
+    torch.testing.assert_close(lines["fedcams"][0], [18.0, 36.0])
+    torch.testing.assert_close(lines["fedavg"][1], [75.0, 95.0])
+    both_lines = {ln.get_label(): list(ln.get_xdata()) for ln in both.lines}
+    torch.testing.assert_close(both_lines["fedcams"], [2018.0, 4036.0])  # uploads plus 1000 r sent down
+
+
+def test_plot_of_runs_without_bit_counts_says_so(tmp_path, capsys):
+    fake_run(tmp_path / "sweep" / "old", metrics=[{"round": 1, "test_acc": 0.5}])
+    assert plot.main([str(tmp_path / "sweep"), "--wandb-mode", "disabled"]) == 0
+    assert not (tmp_path / "sweep" / "accuracy_bits.png").exists()
+    assert capsys.readouterr().err.splitlines()[-1] == ("no run counts its bits (metrics.csv bits_up_total): "
+                                                        "accuracy_bits.png not drawn")

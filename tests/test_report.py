@@ -44,9 +44,10 @@ def test_report_of_a_two_method_two_seed_sweep(tmp_path):
     parser = Sections()
     parser.feed(page)
     by_title = {s["title"]: s for s in parser.sections}
-    assert list(by_title) == ["What was run", "Table", "Test accuracy per round", "Per-client accuracy",
-                              "Aggregation weights", "Partition", "Paired statistics against fedavg"]
-    for title in ("Test accuracy per round", "Per-client accuracy", "Aggregation weights", "Partition"):
+    assert list(by_title) == ["What was run", "Table", "Test accuracy per round", "Test accuracy against bits sent",
+                              "Per-client accuracy", "Aggregation weights", "Partition", "Paired statistics against fedavg"]
+    for title in ("Test accuracy per round", "Test accuracy against bits sent", "Per-client accuracy",
+                  "Aggregation weights", "Partition"):
         assert by_title[title]["images"] == 1, title
     assert by_title["Paired statistics against fedavg"]["images"] >= 1
     run_text = by_title["What was run"]["text"]

@@ -8,6 +8,8 @@ folder given, or `--out`):
   accuracy.png      test accuracy per round, one line per method (mean over seeds, band = ±std)
   update_norms.png  N = ||w_{r+1} - w_r|| (solid) and E = sum_k p_k ||Delta_k|| (dashed) per round
   weights.png       every client's aggregation weight per round (weights.csv), one panel per run
+  accuracy_bits.png test accuracy against the cumulative bits uploaded (left) and sent both ways (right),
+                    log scale, from metrics.csv's bits_up_total and bits_down_total (runs that count them)
 Runs of a table experiment are grouped as the table is: one panel per column cell, one
 line per row (method); other runs get one line per aggregator. When the runs logged to
 Weights & Biases (logger=wandb), the PNGs are also logged to a new W&B run of the same
@@ -36,7 +38,8 @@ from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
 from fedagg.results.runs import ResultsError, find_run_dirs, overrides_of, read_run, sweep_frame  # noqa: E402
 from fedagg.results.values import key_text, label, lookup, number  # noqa: E402
 
-PLOTS = ("accuracy.png", "update_norms.png", "weights.png")
+PLOTS = ("accuracy.png", "update_norms.png", "weights.png", "accuracy_bits.png")
+BITS = ((("bits_up_total",), "cumulative bits uploaded"), (("bits_up_total", "bits_down_total"), "cumulative bits, up and down"))
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -160,6 +163,52 @@ def plot_curves(groups: dict, out: Path, name: str, columns: list[tuple[str, str
     return path
 
 
+def accuracy_by_bits(runs: list[dict], columns: tuple[str, ...]) -> tuple[list[float], list[float]]:
+    """(cumulative bits: the sum of `columns`, test accuracy in %) at each evaluated round, each the mean over
+    the runs, on the rounds every run evaluated (bits differ between seeds when clients drop out)."""
+    per_round = defaultdict(list)
+    for run in runs:
+        for row in run["metrics"]:
+            acc, r, bits = number(row.get("test_acc")), number(row.get("round")), [number(row.get(c)) for c in columns]
+            if acc is not None and r is not None and None not in bits:
+                per_round[int(r)].append((sum(bits), 100.0 * acc))
+    rounds = [r for r in sorted(per_round) if len(per_round[r]) == len(runs)] or sorted(per_round)
+    return ([sum(b for b, _ in per_round[r]) / len(per_round[r]) for r in rounds],
+            [sum(a for _, a in per_round[r]) / len(per_round[r]) for r in rounds])
+
+
+def plot_accuracy_by_bits(groups: dict, out: Path) -> Path | None:
+    """One row of panels per group: accuracy against bits uploaded, and against bits sent both ways.
+    None when no run counted its bits (runs from before metrics.csv had them)."""
+    curves = {(panel, line, i): accuracy_by_bits(runs, columns) for panel, lines in groups.items()
+              for line, runs in lines.items() for i, (columns, _) in enumerate(BITS)}
+    if not any(xs for xs, _ in curves.values()):
+        return None
+    colors = {}
+    for lines in groups.values():
+        for line in lines:
+            colors.setdefault(line, f"C{len(colors) % 10}")
+    fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3.6 * len(groups)), squeeze=False)
+    for row, (panel, lines) in zip(axes, groups.items()):
+        for i, (ax, (_, xlabel)) in enumerate(zip(row, BITS)):
+            for line in lines:
+                xs, ys = curves[(panel, line, i)]
+                if xs:
+                    ax.plot(xs, ys, "-", color=colors[line], label=line, linewidth=1.4,
+                            marker="o" if len(xs) <= 25 else None, markersize=3)
+            ax.set_xscale("log")  # methods that compress send orders of magnitude less
+            ax.set_title(panel or out.name, fontsize=10)
+            ax.set_xlabel(f"{xlabel} (log scale)")
+            ax.set_ylabel("test accuracy (%)")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "accuracy_bits.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def column_name(column: str) -> str:
     return {"update_norm": "N", "client_update_norm": "E"}.get(column, column)
 
@@ -254,6 +303,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     "update norm (N solid, E dashed)"),
         plot_weights(runs, out, args.max_weight_panels, axes),
     ]
+    by_bits = plot_accuracy_by_bits(groups, out)
+    if by_bits is None:
+        print("no run counts its bits (metrics.csv bits_up_total): accuracy_bits.png not drawn", file=sys.stderr)
+    else:
+        images.append(by_bits)
     for path in images:
         print(path)
     log_to_wandb(runs, out, args.wandb_mode, "plots", lambda wandb: {p.stem: wandb.Image(str(p)) for p in images})

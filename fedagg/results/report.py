@@ -6,11 +6,11 @@ Reads the runs' files below the folder (summary.json, metrics.csv, weights.csv,
 clients.csv, partition.png) and writes `report.html` beside them, every image embedded,
 so it opens in a browser with no server and no network: the settings that vary across the
 runs and those they share; the table (next to the paper's numbers when the runs belong to
-a table experiment); test accuracy per round with a band over seeds; each method's
-per-client accuracies at the last evaluation (runs with eval.per_client=true); the
-aggregation weights over rounds; the partition; and the paired statistics of
-make_table --baseline (default: fedavg when it is a row). Logged to W&B as well when the
-runs used it.
+a table experiment); test accuracy per round with a band over seeds; test accuracy
+against the bits sent (runs that count them); each method's per-client accuracies at the
+last evaluation (runs with eval.per_client=true); the aggregation weights over rounds; the
+partition; and the paired statistics of make_table --baseline (default: fedavg when it is
+a row). Logged to W&B as well when the runs used it.
 """
 
 from __future__ import annotations
@@ -162,6 +162,11 @@ def build_report(folder: Path, baseline: str | None, work: Path, rows: list[str]
     accuracy = plot.plot_curves(groups, work, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)")
     sections.append(("Test accuracy per round", image(accuracy, "test accuracy per round") +
                      '<p class="muted">Mean over seeds; the band is ± one standard deviation.</p>'))
+    by_bits = plot.plot_accuracy_by_bits(groups, work)
+    if by_bits:
+        sections.append(("Test accuracy against bits sent", image(by_bits, "test accuracy against bits sent") +
+                         '<p class="muted">Mean over seeds at each evaluated round; bits counted as the README\'s '
+                         '"Communication" says (32-bit models unless a method compresses).</p>'))
     clients = client_distributions(groups, work / "clients.png")
     if clients:
         sections.append(("Per-client accuracy", image(clients, "per-client accuracy")))
