@@ -10,7 +10,10 @@ a table experiment); test accuracy per round with a band over seeds; test accura
 against the bits sent (runs that count them); each method's per-client accuracies at the
 last evaluation (runs with eval.per_client=true); the aggregation weights over rounds; the
 partition; and the paired statistics of make_table --baseline (default: fedavg when it is
-a row). Logged to W&B as well when the runs used it.
+a row). When the runs logged to W&B (logger=wandb in their config), a new run of their
+project and group (job type `report`) gets the table as a wandb.Table and the page, and an
+artifact of type `report` holding report.html, the table and table.csv; `--wandb-mode`
+overrides the runs' mode (disabled: nothing goes to W&B).
 """
 
 from __future__ import annotations
@@ -188,7 +191,37 @@ def build_report(folder: Path, baseline: str | None, work: Path, rows: list[str]
     parts = [f"<section><h2>{html.escape(h)}</h2>{b}</section>" for h, b in sections]
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>fedagg report: {html.escape(title)}</h1>{''.join(parts)}</body></html>")
-    return page, runs
+    return page, runs, table
+
+
+def wandb_items(page: str, table):
+    """What the report run logs: the table's cells as a wandb.Table and the page, shown in the run."""
+    return lambda wandb: {"table": wandb.Table(dataframe=wandb_frame(table.cells)), "report": wandb.Html(page)}
+
+
+def wandb_artifact(report: Path, table):
+    """The report page and the table (as a W&B table and as table.csv) in one artifact of type `report`."""
+    def make(wandb):
+        name = "report-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in report.parent.resolve().name)
+        artifact = wandb.Artifact(name, type="report", description=f"fedagg report of {report.parent.resolve()}")
+        artifact.add_file(str(report), name="report.html")
+        artifact.add(wandb.Table(dataframe=wandb_frame(table.cells)), "table")
+        with artifact.new_file("table.csv") as f:
+            f.write(table.to_csv())
+        return artifact
+    return make
+
+
+def wandb_frame(cells):
+    """The cells as W&B types them: a column of numbers, of text or of booleans, None where absent (not NaN); any
+    other column (mixed or tuple values) as text."""
+    frame = cells.astype(object).where(cells.notna(), None)
+    for column in frame:
+        values = [v for v in frame[column] if v is not None]
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if not (numbers or all(isinstance(v, str) for v in values) or all(isinstance(v, bool) for v in values)):
+            frame[column] = [None if v is None else str(v) for v in frame[column]]
+    return frame
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -206,14 +239,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         work = Path(tmp) / args.folder.resolve().name  # plot titles a panel without a name after its folder
         work.mkdir()
         try:
-            page, runs = build_report(args.folder, args.baseline, work, args.rows, args.columns)
+            page, runs, table = build_report(args.folder, args.baseline, work, args.rows, args.columns)
         except ValueError as err:
             print(err, file=sys.stderr)
             return 2
     out = args.folder / "report.html"
     out.write_text(page)
     print(out)
-    plot.log_to_wandb(runs, args.folder, args.wandb_mode, "report", lambda wandb: {"report": wandb.Html(page)})
+    plot.log_to_wandb(runs, args.folder, args.wandb_mode, "report", wandb_items(page, table), wandb_artifact(out, table))
     return 0
 
 
