@@ -18,7 +18,7 @@ def refusal(capsys, main, argv) -> str:
     return captured.err.rstrip("\n")
 
 
-def test_runs_of_other_settings_pooled_as_seeds_are_refused_naming_the_setting(tmp_path, capsys):
+def test_runs_of_other_settings_pooled_as_seeds_are_refused_naming_the_setting(tmp_path, capsys, monkeypatch):
     sweep = tmp_path / "sweep"  # aggregator=fedavg,median system=none,dropout seed=0,1
     i = 0
     for agg in ("fedavg", "median"):
@@ -39,6 +39,15 @@ def test_runs_of_other_settings_pooled_as_seeds_are_refused_naming_the_setting(t
     runs, _ = plots.finished_runs([sweep])
     assert plots.sweep_axes(runs) == ["system"]
     assert plots.describe(runs[2], ["system"]) == ("system=dropout", "fedavg")
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)  # keep the figure to read its panel titles
+    for run in runs:
+        run["weights"] = [{"round": 1, "client": 0, "weight": 1.0}]
+    plots.plot_weights(runs, tmp_path, 12, ["system"])
+    titles = sorted(ax.get_title() for ax in figures[0].axes if ax.get_visible())
+    assert titles == ["fedavg · system=dropout · seed 0", "fedavg · system=none · seed 0",
+                      "median · system=dropout · seed 0", "median · system=none · seed 0"]
+    monkeypatch.undo()
     assert report.main([str(sweep), "--wandb-mode", "disabled"]) == 0
     page = (sweep / "report.html").read_text()
     assert "<tr><th>aggregator</th><th>digits dropout</th><th>digits none</th></tr>" in page

@@ -222,8 +222,8 @@ def plot_weights(runs: list[dict], out: Path, limit: int, axes: list[str] = ()) 
             seen.add(cell)
             chosen.append(run)
     chosen = chosen[:limit] or runs[:1]
-    fig, axes = grid(len(chosen))
-    for ax, run in zip(axes, chosen):
+    fig, panels = grid(len(chosen))  # not `axes`: that is the sweep axes describe() reads below
+    for ax, run in zip(panels, chosen):
         by_client = defaultdict(list)
         for row in run["weights"]:
             w, r = number(row.get("weight")), number(row.get("round"))
