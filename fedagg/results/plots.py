@@ -239,7 +239,7 @@ def plot_weights(runs: list[dict], out: Path, limit: int, axes: list[str] = ()) 
         ax.set_ylabel("aggregation weight")
         ax.grid(alpha=0.3)
         if 0 < len(by_client) <= 10:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))  # beside: ten lines leave no free corner
     fig.tight_layout()
     path = out / "weights.png"
     fig.savefig(path, dpi=110)
