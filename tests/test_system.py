@@ -101,6 +101,10 @@ def test_a_round_where_nobody_reports_keeps_the_global_model(tmp_path, caplog):
         assert metrics[r]["clients"] == "0" and metrics[r]["train_loss"] == "" and float(metrics[r]["update_norm"]) == 0
         if r > 1:  # the model was kept, so it scores what it scored a round before
             assert metrics[r]["test_acc"] == metrics[r - 1]["test_acc"]
+    # the one sampled client was sent the model (4810 32-bit parameters) every round, and sent it back in 5 of 8
+    model = 32 * 4810
+    assert [(int(metrics[r]["bits_down"]), int(metrics[r]["bits_up"])) for r in (1, 2)] == [(model, 0), (model, model)]
+    assert (int(metrics[8]["bits_down_total"]), int(metrics[8]["bits_up_total"])) == (8 * model, 5 * model)
 
 
 def test_availability_samples_only_among_online_clients(tmp_path):
