@@ -23,7 +23,6 @@ import csv
 import math
 import os
 import sys
-import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -33,6 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from fedagg.results import wandb_log  # noqa: E402
 from fedagg.results.checks import NOT_SETTINGS  # noqa: E402
 from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
 from fedagg.results.runs import ResultsError, find_run_dirs, overrides_of, read_run, sweep_frame  # noqa: E402
@@ -247,36 +247,6 @@ def plot_weights(runs: list[dict], out: Path, limit: int, axes: list[str] = ()) 
     return path
 
 
-def log_to_wandb(runs: list[dict], out: Path, mode: str | None, job: str, payload, artifact=None) -> None:
-    """Log `payload(wandb)` (a dict of W&B objects), and `artifact(wandb)` (a wandb.Artifact) when given, to a new
-    W&B run of the runs' project, in their group, when they used W&B; never fail the files already written."""
-    loggers = [lookup(r["summary"], "config.logger") or {} for r in runs]
-    used = [lg for lg in loggers if str(lg.get("_target_", "")).endswith("WandbTracker")]
-    if not used or mode == "disabled":
-        return
-    settings = used[0]
-    groups = {lg.get("group") for lg in used}
-    group = groups.pop() if len(groups) == 1 else None  # the sweep's runs share it; mixed groups: none of them
-    mode = mode or settings.get("mode") or "offline"
-    try:
-        import wandb
-
-        os.environ.setdefault("WANDB_SILENT", "true")
-        run = wandb.init(project=settings.get("project") or "fedagg", entity=settings.get("entity"), mode=mode,
-                         group=group, job_type=job, name=f"{job}-{out.name}", dir=str(out),
-                         config={"runs": [str(r["dir"]) for r in runs]})
-        items = payload(wandb)
-        run.log(items)
-        if artifact is not None:
-            run.log_artifact(artifact(wandb))
-        run.finish()
-        where = f"group {group}" if group else "no group (the runs set no common logger.group)"
-        print(f"logged {len(items)} {job} item(s){' and an artifact' if artifact else ''} to W&B ({mode}, "
-              f"project {settings.get('project') or 'fedagg'}, {where})")
-    except Exception as err:  # noqa: BLE001 - the files are written; W&B is a bonus
-        warnings.warn(f"W&B logging skipped: {err}", stacklevel=2)
-
-
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="run folders or folders with runs below them")
@@ -314,7 +284,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         images.append(by_bits)
     for path in images:
         print(path)
-    log_to_wandb(runs, out, args.wandb_mode, "plots", lambda wandb: {p.stem: wandb.Image(str(p)) for p in images})
+    wandb_log.log_to_wandb(runs, out, args.wandb_mode, "plots", lambda wandb: {p.stem: wandb.Image(str(p)) for p in images})
     return 0
 
 

@@ -32,7 +32,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fedagg.results import plots as plot, render, stats, table as make_table  # noqa: E402
+from fedagg.results import plots as plot, render, stats, table as make_table, wandb_log  # noqa: E402
 from fedagg.results.paired import seed_values  # noqa: E402
 from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
 from fedagg.results.runs import ResultsError, flatten, natural, sweep_frame  # noqa: E402
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     out = args.folder / "report.html"
     out.write_text(page)
     print(out)
-    plot.log_to_wandb(runs, args.folder, args.wandb_mode, "report", wandb_items(page, table), wandb_artifact(out, table))
+    wandb_log.log_to_wandb(runs, args.folder, args.wandb_mode, "report", wandb_items(page, table), wandb_artifact(out, table))
     return 0
 
 
