@@ -10,7 +10,9 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 import re
+import shutil
 import sys
 import traceback
 from collections import Counter
@@ -23,6 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, InstantiationException, MissingConfigException
 from hydra.experimental.callback import Callback
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -32,7 +35,7 @@ from fedagg.data.partition_report import save_partition_report
 from fedagg.loop.assembly import Parts, assemble
 from fedagg.loop.checkpoints import load_checkpoint
 from fedagg.loop import threads
-from fedagg.loop.folder import RunFolder
+from fedagg.loop.folder import RunFolder, clear_run, held_run
 from fedagg.loop.numerics import numerics
 from fedagg.loop.round_loop import run_federation
 from fedagg.loop.schema import META_KEYS, check_config
@@ -43,11 +46,16 @@ from fedagg.results.groups import GROUPS, RECORDED_CHOICES
 from fedagg.tracking.files import write_json
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+LEDGER, LEDGER_ENV = ".jobs", "FEDAGG_SWEEP_LEDGER"  # each job's outcome, for the sweep's summary (SweepSummary)
 log = logging.getLogger("fedagg")
 
 
 class SetupError(ValueError):
     """The configuration or the data cannot make a run; the message says which key and why."""
+
+
+class FolderHeld(SetupError):
+    """The run folder holds another run (or one that resume=true cannot continue with this configuration)."""
 
 
 def settings_from(cfg: DictConfig) -> Settings:
@@ -138,7 +146,7 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
         a, b = old.get(k), new.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
             keys += _changed_keys(a, b, f"{prefix}{k}.")
-        elif a != b and f"{prefix}{k}" != "resume":
+        elif a != b and f"{prefix}{k}" not in ("resume", "overwrite"):
             keys.append(f"{prefix}{k}")
     return keys
 
@@ -165,21 +173,27 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
         raise SetupError(explain_missing_option(cfg, err, choices)) from None
     summary_base = {"seed": cfg.seed, "choices": choices, "overrides": overrides, "config": config,
                     "experiment_scale": cfg.experiment_scale}
+    if cfg.get("resume") is True and cfg.get("overwrite") is True:
+        raise SetupError("resume=true and overwrite=true contradict each other: resume=true continues the run in the "
+                         "folder, overwrite=true replaces it; choose one")
     previous = _read_summary(run_dir)
+    held = held_run(run_dir)  # read under the folder's lock, before anything is written
     if cfg.resume and previous is not None and previous.get("status") == "completed":
         if changed := _changed_keys(previous.get("config", {}), config):
-            raise SetupError(f"resume=true but {run_dir} holds a completed run whose configuration differs in "
+            raise FolderHeld(f"resume=true but {run_dir} holds a completed run whose configuration differs in "
                              f"{', '.join(changed)}; nothing there was changed: use a new hydra.run.dir")
         log.info("%s already completed; skipping it (resume=true)", run_dir)
         return previous
     with numerics(cfg.deterministic is True, cfg.tf32 is True):  # the values are checked in _prepare, first thing
         try:
-            fed, settings, checkpoint = _prepare(cfg, run_dir, choices, config, summary_base)
+            fed, settings, checkpoint = _prepare(cfg, run_dir, choices, config, summary_base, held)
         except Exception as err:
-            if previous is None and not (run_dir / "checkpoint.pt").exists():  # never touch an earlier run's folder
+            if held is None:  # never touch an earlier run's folder
                 write_json(run_dir / "summary.json", dict(summary_base, status="failed",
                                                           error=f"{type(err).__name__}: {err}",
                                                           traceback=traceback.format_exc()))
+            if isinstance(err, SetupError):
+                raise
             if (user_error := _user_error(err)) is not None:
                 raise SetupError(str(user_error)) from err
             raise
@@ -202,20 +216,27 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
     return summary
 
 
-def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summary_base: dict):
-    """Everything that can reject the configuration, before any data is loaded; then the data, the clients and
-    the model. Returns (federation, settings, the checkpoint to resume from or None)."""
+def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summary_base: dict, held: str | None):
+    """Everything that can reject the configuration, before any data is loaded; then the folder (`held`: the
+    earlier run it holds, if any); then the data, the clients and the model. Returns (federation, settings, the
+    checkpoint to resume from or None)."""
     check_no_ignored_choice(cfg, choices)
     check_config(cfg, GROUPS)
     settings = settings_from(cfg)
     device = resolve_device(cfg.device)
     summary_base["device"] = device.type  # the random streams of a run depend on it
     parts = Parts(**{group: instantiate(cfg[group], _convert_="all") for group in GROUPS})  # plain lists and dicts
+    if held is not None and cfg.overwrite:
+        clear_run(run_dir)
+        log.warning("overwrite=true: removed %s from %s", held, run_dir)
+    elif held is not None and not cfg.resume:
+        raise FolderHeld(f"{run_dir} holds {held}; nothing was changed: continue it with resume=true, keep it with "
+                         "another hydra.run.dir or hydra.sweep.dir, or replace it with overwrite=true")
     checkpoint = load_checkpoint(run_dir, device) if cfg.resume else None
     if cfg.resume and checkpoint is None:
         log.info("resume=true but %s has no checkpoint yet: starting from round 1", run_dir)
     if checkpoint is not None and (changed := _changed_keys(checkpoint["summary"]["config"], config)):
-        raise ValueError(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "
+        raise FolderHeld(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "
                          "resume with the same settings or use a new hydra.run.dir")
     started = checkpoint["summary"].get("device", device.type) if checkpoint is not None else device.type
     if started != device.type:
@@ -251,17 +272,52 @@ def concurrent_jobs(hydra_cfg) -> int:
 
 
 class SweepSummary(Callback):
-    """At the end of a sweep: how many jobs completed, diverged, failed or were interrupted, the failed ones'
-    folders and errors, and a non-zero exit status when any failed."""
+    """At the end of a sweep: how many of its jobs completed, diverged, failed or were interrupted, the failed ones'
+    folders and errors, and a non-zero exit status when any failed.
+
+    It counts the jobs this sweep launched, not the summary.json files in its folder: a job refused because its
+    folder holds another run writes nothing there, and a folder's summary may be an earlier sweep's. Each job
+    records its outcome in a ledger of this sweep (`on_job_end` runs where the job runs: in this process, or in a
+    joblib worker or a Slurm job, which find the ledger through the environment they inherit)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        ledger = Path(config.hydra.sweep.dir) / LEDGER / f"{os.getpid()}"
+        shutil.rmtree(ledger, ignore_errors=True)  # a killed sweep's, whose process id this one has now
+        ledger.mkdir(parents=True)
+        os.environ[LEDGER_ENV] = str(ledger)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
+        ledger = os.environ.get(LEDGER_ENV)
+        if not ledger or not Path(ledger).is_dir():
+            return
+        outcome = job_return._return_value
+        if job_return.status != JobStatus.COMPLETED or not isinstance(outcome, dict):
+            outcome = {"status": "failed", "error": f"{type(outcome).__name__}: {outcome}"}
+        write_json(Path(ledger) / f"{config.hydra.job.num}.json",
+                   {"folder": str(config.hydra.runtime.output_dir), **outcome})
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep = Path(config.hydra.sweep.dir)
-        summaries = {p.parent: json.loads(p.read_text()) for p in sorted(sweep.glob("**/summary.json"))}
-        counts = Counter(s.get("status", "unknown") for s in summaries.values())
+        ledger = Path(os.environ.pop(LEDGER_ENV, sweep / LEDGER / f"{os.getpid()}"))
+        jobs = [json.loads(p.read_text()) for p in sorted(ledger.glob("*.json"), key=lambda p: int(p.stem))]
+        shutil.rmtree(ledger, ignore_errors=True)
+        try:
+            ledger.parent.rmdir()  # the ledgers' folder, unless another sweep into this folder runs now
+        except OSError:
+            pass
+        counts = Counter(job["status"] for job in jobs)
         log.info("sweep %s: %s", sweep, ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no runs")
-        failed = {d: s for d, s in summaries.items() if s.get("status") == "failed"}
-        for folder, summary in failed.items():
-            log.error("failed: %s: %s", folder, str(summary.get("error", "")).splitlines()[0][:300])
+        failed = [job for job in jobs if job["status"] == "failed"]
+        for job in failed:
+            error = (str(job.get("error", "")).splitlines() or [""])[0][:600]
+            log.error("failed: %s", error if error.startswith(job["folder"]) else f"{job['folder']}: {error}")
+        # resume=true finds another configuration's run in a job's folder: the sweep's values differ from the first
+        # launch's, and Hydra numbers the folders in the order of the values
+        numbered = str(config.hydra.sweep._get_node("subdir")._value()) == "${hydra.job.num}"  # Hydra's default
+        if numbered and config.get("resume") is True and any(job.get("folder_held") for job in failed):
+            log.error("a sweep numbers its jobs' folders in the order of its values, so one re-launched with other "
+                      "values meets other runs there: use another hydra.sweep.dir, or name the folders by their "
+                      "values with hydra.sweep.subdir='${hydra.job.override_dirname}'")
         if failed:
             sys.exit(1)
 
@@ -393,7 +449,7 @@ def explain_composition_error(argv: list[str]) -> str | None:
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> dict | None:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.RUN and not str(hydra_cfg.run.dir).strip():
         log.error("hydra.run.dir='' is not allowed: every result file would land in the current folder; give a folder")
@@ -406,7 +462,8 @@ def main(cfg: DictConfig) -> None:
         # a user error, not a bug: the message alone, without a traceback
         log.error("%s", err)
         if hydra_cfg.mode == RunMode.MULTIRUN:
-            return  # recorded in this run's summary.json; the sweep goes on
+            # counted at the sweep's end; the sweep goes on
+            return {"status": "failed", "error": str(err), "folder_held": isinstance(err, FolderHeld)}
         sys.exit(2)
     except Exception as err:
         if hydra_cfg.mode != RunMode.MULTIRUN:
@@ -414,19 +471,20 @@ def main(cfg: DictConfig) -> None:
         # in a sweep the others go on; the traceback is in the job's summary.json, the count at the sweep's end
         log.error("job failed: %s: %s (traceback in %s)", type(err).__name__, err,
                   Path(hydra_cfg.runtime.output_dir) / "summary.json")
-        return
+        return {"status": "failed", "error": f"{type(err).__name__}: {err}"}
     if summary["status"] == "interrupted":
         log.warning("interrupted after round %d; resume=true with the same settings continues from its checkpoint",
                     summary["rounds_completed"])
         sys.exit(130)  # the shell's code for an interrupt; stops a sweep too
+    return {"status": summary["status"]}  # for the sweep's count (SweepSummary)
 
 
 if __name__ == "__main__":
     # Launchers that run jobs in other processes (joblib, submitit) pickle the task: functions of
     # this __main__ copy are pickled by value, which train() cannot be, while fedagg.run's are
-    # pickled by name. Rebinding train (and SetupError, which main() catches) to the importable
-    # module's keeps Hydra's config path relative to this file.
-    from fedagg.run import SetupError, SweepSummary, train  # noqa: F401,F811
+    # pickled by name. Rebinding train (and SetupError and FolderHeld, which main() catches) to the
+    # importable module's keeps Hydra's config path relative to this file.
+    from fedagg.run import FolderHeld, SetupError, SweepSummary, train  # noqa: F401,F811
 
     if (problem := explain_composition_error(sys.argv[1:])) is not None:
         print(problem, file=sys.stderr)  # before Hydra starts: its multi-line version would follow

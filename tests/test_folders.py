@@ -5,6 +5,8 @@ import hashlib
 import json
 import logging
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import pytest
 import torch
 
 from conftest import ROOT, compose_config
-from fedagg.run import train
+from fedagg.run import SetupError, train
 
 TESTS = str(ROOT / "tests")
 
@@ -183,3 +185,126 @@ def test_a_clean_stop_prints_one_line_not_a_traceback(tmp_path):
     assert proc.returncode == 130 and "Traceback" not in out
     assert "resume=true with the same settings continues from its checkpoint" in out
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+
+
+def messages(out):
+    """The lines of a CLI run's output without Hydra's time and logger prefix."""
+    return [re.sub(r"^\[[^]]*\]\[[^]]*\](\[[A-Z]+\] -)? ?", "", line) for line in out.strip().splitlines()]
+
+
+def assert_unchanged(folder, before, logged):
+    """Every file as it was, but Hydra's log of the launch (run.log), whose last line is the refusal."""
+    without_log = lambda files: {k: v for k, v in files.items() if k != "run.log"}  # noqa: E731
+    assert without_log(snapshot(folder)) == without_log(before)
+    assert messages((folder / "run.log").read_text())[-1] == logged
+
+
+def holds(folder, what):
+    return (f"{folder} holds {what}; nothing was changed: continue it with resume=true, keep it with another "
+            "hydra.run.dir or hydra.sweep.dir, or replace it with overwrite=true")
+
+
+def test_a_run_into_a_folder_holding_a_run_is_refused_until_overwrite_replaces_it(tmp_path, caplog):
+    folder = tmp_path / "run"
+    # checkpoint.prev.pt and clients.csv: files the new run below would not write itself
+    train(compose_config("rounds=2", "device=cpu", "checkpoint_every=1", "eval.per_client=true"), folder)
+    before = snapshot(folder)
+    proc = run_cli("seed=5", "rounds=2", "device=cpu", f"hydra.run.dir={folder}", cwd=ROOT)
+    refusal = holds(folder, "a completed run (seed=0, 2 rounds)")
+    assert proc.returncode == 2 and messages(proc.stdout + proc.stderr) == [refusal]
+    assert messages((folder / "run.log").read_text()) == [refusal]  # Hydra's log of this launch: the one line
+    (folder / "run.log").unlink()
+    assert snapshot(folder) == before
+    with pytest.raises(SetupError) as info:
+        train(compose_config("seed=5", "rounds=1", "device=cpu", "resume=true", "overwrite=true"), folder)
+    assert str(info.value) == ("resume=true and overwrite=true contradict each other: resume=true continues the run "
+                               "in the folder, overwrite=true replaces it; choose one")
+    assert snapshot(folder) == before
+    with caplog.at_level(logging.WARNING):
+        summary = train(compose_config("seed=5", "rounds=1", "device=cpu", "overwrite=true"), folder)
+    assert f"overwrite=true: removed a completed run (seed=0, 2 rounds) from {folder}" in caplog.messages
+    assert summary["seed"] == 5 and summary["rounds_completed"] == 1
+    # nothing of the old run is left beside the new one's files
+    assert sorted(snapshot(folder)) == ["checkpoint.pt", "config.yaml", "metrics.csv", "model.pt", "partition.json",
+                                        "partition.png", "summary.json", "weights.csv"]
+    assert torch.load(folder / "checkpoint.pt", weights_only=False)["summary"]["seed"] == 5
+
+
+def test_a_setup_failure_or_hydras_files_are_no_run_but_an_unfinished_run_is(tmp_path):
+    folder = tmp_path / "run"
+    missing = ["rounds=1", "device=cpu", "dataset=cifar10", "data.root=/nonexistent", "data.download=false"]
+    with pytest.raises(SetupError, match="^cifar10 not found"):
+        train(compose_config(*missing), folder)
+    assert sorted(snapshot(folder)) == ["summary.json"]  # the error; nothing computed
+    with pytest.raises(SetupError, match="^cifar10 not found"):  # tried again: its own error replaces the first
+        train(compose_config(*missing, "seed=3"), folder)
+    assert json.loads((folder / "summary.json").read_text())["seed"] == 3
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (folder / "run.log").write_text("[2026-01-01 00:00:00,000][fedagg][INFO] - a launch\n")
+    assert train(compose_config("rounds=1", "device=cpu"), folder)["status"] == "completed"
+    # a run killed before it wrote its summary: what it computed is refused as a run
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    for name in ("metrics.csv", "checkpoint.pt"):
+        shutil.copy(folder / name, unfinished / name)
+    before = snapshot(unfinished)
+    with pytest.raises(SetupError) as info:
+        train(compose_config("rounds=1", "device=cpu"), unfinished)
+    assert str(info.value) == holds(unfinished, "the files of a run that did not finish (metrics.csv, checkpoint.pt)")
+    assert snapshot(unfinished) == before
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """The job folders `-m rounds=1 device=cpu seed=0,1` leaves (written in this process: no launch to wait for)."""
+    sweep = tmp_path_factory.mktemp("swept")
+    for seed in (0, 1):
+        train(compose_config("rounds=1", "device=cpu", f"seed={seed}"), sweep / str(seed))
+    return sweep
+
+
+def test_a_sweep_rerun_into_its_folder_refuses_every_job_and_says_they_failed(swept, tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(swept, sweep)
+    before = {i: snapshot(sweep / str(i)) for i in (0, 1)}
+    proc = run_cli("-m", "rounds=1", "device=cpu", f"hydra.sweep.dir={sweep}", "seed=0,1", cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert messages(out)[-3:] == [f"sweep {sweep}: 2 failed",
+                                  "failed: " + holds(sweep / "0", "a completed run (seed=0, 1 round)"),
+                                  "failed: " + holds(sweep / "1", "a completed run (seed=1, 1 round)")]
+    for i in (0, 1):
+        assert_unchanged(sweep / str(i), before[i], holds(sweep / str(i), f"a completed run (seed={i}, 1 round)"))
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "multirun.yaml"]  # the sweep's ledger is gone
+
+
+def test_a_sweep_resumed_with_other_values_counts_the_refused_job_as_failed(swept, tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(swept, sweep)
+    before = {i: snapshot(sweep / str(i)) for i in (0, 1)}
+    # Hydra numbers the jobs anew: seed=0's job finds its run (skipped), seed=2's job meets seed=1's run in folder 1
+    proc = run_cli("-m", "rounds=1", "device=cpu", f"hydra.sweep.dir={sweep}", "seed=0,2", "resume=true", cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert messages(out)[-3:] == [
+        f"sweep {sweep}: 1 completed, 1 failed",
+        f"failed: {sweep / '1'}: resume=true but {sweep / '1'} holds a completed run whose configuration differs in "
+        "seed; nothing there was changed: use a new hydra.run.dir",
+        "a sweep numbers its jobs' folders in the order of its values, so one re-launched with other values meets "
+        "other runs there: use another hydra.sweep.dir, or name the folders by their values with "
+        "hydra.sweep.subdir='${hydra.job.override_dirname}'"]
+    assert_unchanged(sweep / "0", before[0], f"{sweep / '0'} already completed; skipping it (resume=true)")
+    assert_unchanged(sweep / "1", before[1], f"resume=true but {sweep / '1'} holds a completed run whose "
+                                             "configuration differs in seed; nothing there was changed: use a new "
+                                             "hydra.run.dir")
+
+
+def test_a_sweep_into_one_folder_refuses_the_second_job(tmp_path):
+    proc = run_cli("-m", "rounds=1", "device=cpu", f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=same", "seed=0,1",
+                   cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert messages(out)[-2:] == [f"sweep {tmp_path}: 1 completed, 1 failed",
+                                  "failed: " + holds(tmp_path / "same", "a completed run (seed=0, 1 round)")]
+    assert json.loads((tmp_path / "same" / "summary.json").read_text())["seed"] == 0

@@ -4,17 +4,63 @@ The lock is an exclusive `flock` on the folder itself, so the kernel drops it wh
 holder exits, however it exits; a second run in the same folder is refused at once,
 naming the folder and the holder's process id (kept in `.owner`). An `.owner` file whose
 process is gone was left by a run that was killed: it is taken over with a notice.
+
+A folder that holds an earlier run's results is the user's: `held_run` says what is there,
+so that a new run is refused before it writes anything, and `clear_run` removes all of it
+when the user asks for that run to be replaced (never some files: an old
+`checkpoint.prev.pt` beside a new run's `checkpoint.pt` would resume the wrong run).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 OWNER = ".owner"
+# what a run writes (Hydra's own log and .hydra/ are not results: every launch writes them)
+RUN_FILES = ("summary.json", "metrics.csv", "weights.csv", "clients.csv", "checkpoint.pt", "checkpoint.prev.pt",
+             "model.pt", "config.yaml", "partition.json", "partition.png", "wandb")
+
+
+def _summary(path: Path) -> dict | None:
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def held_run(path: Path) -> str | None:
+    """The earlier run the folder holds, in words ("a completed run (seed=0, 2 rounds)"), or None when there is
+    nothing a run computed: no result file, or only the summary of a run that failed before its first round (its
+    error is all it left, and the next attempt replaces it with its own outcome)."""
+    path = Path(path)
+    present = [name for name in RUN_FILES if (path / name).exists()]
+    summary = _summary(path)
+    if summary is not None and "rounds_completed" in summary:
+        n = summary["rounds_completed"]
+        return f"a {summary.get('status')} run (seed={summary.get('seed')}, {n} round{'' if n == 1 else 's'})"
+    if summary is not None and summary.get("status") == "failed":  # failed at setup: no round ran
+        present.remove("summary.json")
+    if not present:
+        return None
+    return f"the files of a run that did not finish ({', '.join(present)})"
+
+
+def clear_run(path: Path) -> None:
+    """Remove every file a run writes (and their unfinished temp files), so that a new run starts from nothing."""
+    for name in RUN_FILES:
+        target = Path(path) / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+        target.with_name(name + ".tmp").unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

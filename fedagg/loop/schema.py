@@ -56,6 +56,7 @@ class TopLevel:
     stop_at_target: bool = MISSING
     checkpoint_every: int = MISSING
     resume: bool = MISSING
+    overwrite: bool = MISSING
     deterministic: bool = MISSING
     tf32: bool = MISSING
     experiment_scale: float = MISSING
