@@ -13,7 +13,10 @@ import logging
 import os
 import re
 import shutil
+import signal
+import socket
 import sys
+import threading
 import traceback
 from collections import Counter
 from pathlib import Path
@@ -34,7 +37,7 @@ from omegaconf.errors import InterpolationKeyError
 from fedagg.data.partition_report import save_partition_report
 from fedagg.loop.assembly import Parts, assemble
 from fedagg.loop.checkpoints import load_checkpoint
-from fedagg.loop import threads
+from fedagg.loop import interrupts, threads
 from fedagg.loop.folder import RunFolder, clear_run, held_run
 from fedagg.loop.numerics import numerics
 from fedagg.loop.round_loop import run_federation
@@ -47,6 +50,7 @@ from fedagg.tracking.files import write_json
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LEDGER, LEDGER_ENV = ".jobs", "FEDAGG_SWEEP_LEDGER"  # each job's outcome, for the sweep's summary (SweepSummary)
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 log = logging.getLogger("fedagg")
 
 
@@ -187,6 +191,9 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
     with numerics(cfg.deterministic is True, cfg.tf32 is True):  # the values are checked in _prepare, first thing
         try:
             fed, settings, checkpoint = _prepare(cfg, run_dir, choices, config, summary_base, held)
+        except KeyboardInterrupt:
+            log.warning("stopped before the first round: nothing was computed")
+            raise interrupts.StoppedNow from None
         except Exception as err:
             if held is None:  # never touch an earlier run's folder
                 write_json(run_dir / "summary.json", dict(summary_base, status="failed",
@@ -273,18 +280,90 @@ def concurrent_jobs(hydra_cfg) -> int:
 
 class SweepSummary(Callback):
     """At the end of a sweep: how many of its jobs completed, diverged, failed or were interrupted, the failed ones'
-    folders and errors, and a non-zero exit status when any failed.
+    folders and errors, and a non-zero exit status when any failed or the sweep was stopped.
 
     It counts the jobs this sweep launched, not the summary.json files in its folder: a job refused because its
     folder holds another run writes nothing there, and a folder's summary may be an earlier sweep's. Each job
     records its outcome in a ledger of this sweep (`on_job_end` runs where the job runs: in this process, or in a
-    joblib worker or a Slurm job, which find the ledger through the environment they inherit)."""
+    joblib worker or a Slurm job, which find the ledger through the environment they inherit).
+
+    Ctrl-C (or SIGTERM) stops a sweep as it stops a run: the running jobs stop after their current round with a
+    checkpoint and `status: interrupted`, and the jobs not yet begun do not begin. The signal may reach the whole
+    process group (a terminal's Ctrl-C) or this process alone; either way this process passes SIGTERM on to the
+    jobs running in other processes of this machine, and no process raises a KeyboardInterrupt that would make
+    joblib kill its workers mid-write: with jobs in other processes, this one blocks the signals and takes them
+    in a thread, and the workers it starts inherit the block, so that one waiting for a job ignores them (a job
+    unblocks them while it runs)."""
+
+    def __init__(self) -> None:
+        self.ledger: Path | None = None
+        self.stopped = False
+        self.previous: dict[int, object] = {}
+        self.lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {}  # sent to the workers with the jobs: they keep no state of the sweep's process
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    @staticmethod
+    def stopping() -> bool:
+        """Whether the sweep this job belongs to was stopped (the job should not begin)."""
+        ledger = os.environ.get(LEDGER_ENV)
+        return bool(ledger) and (Path(ledger) / "stop").exists()
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        ledger = Path(config.hydra.sweep.dir) / LEDGER / f"{os.getpid()}"
-        shutil.rmtree(ledger, ignore_errors=True)  # a killed sweep's, whose process id this one has now
-        ledger.mkdir(parents=True)
-        os.environ[LEDGER_ENV] = str(ledger)
+        self.ledger = Path(config.hydra.sweep.dir) / LEDGER / f"{os.getpid()}"
+        shutil.rmtree(self.ledger, ignore_errors=True)  # a killed sweep's, whose process id this one has now
+        self.ledger.mkdir(parents=True)
+        os.environ[LEDGER_ENV] = str(self.ledger)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in STOP_SIGNALS:  # also for a thread started before the block below, which may get the signal
+            self.previous[sig] = signal.signal(sig, self._stop)
+        if "BasicLauncher" not in str(config.hydra.launcher.get("_target_", "")):  # jobs in other processes
+            # multiprocessing's resource tracker unblocks the signals when it starts: start it first
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # until this process ends
+            threading.Thread(target=self._take_signals, name="sweep-signals", daemon=True).start()
+
+    def _take_signals(self) -> None:
+        while True:
+            self._stop(signal.sigwait(STOP_SIGNALS), None)
+
+    def _stop(self, signum, frame) -> None:
+        interrupts.request_stop()  # a job of this process still loading its data stops after one round
+        with self.lock:  # the handler and the thread taking the signals
+            if self.stopped:
+                return
+            self.stopped = True
+        (self.ledger / "stop").touch()
+        log.warning("%s received: stopping the sweep; its running jobs stop after their current round, the others "
+                    "do not begin", signal.Signals(signum).name)
+        host = socket.gethostname()
+        for running in self.ledger.glob("*.running"):
+            pid, _, where = running.read_text().strip().partition(" ")
+            if where == host and int(pid) != os.getpid():
+                try:
+                    os.kill(int(pid), signal.SIGTERM)  # stops after its round, like the SIGINT it may have had
+                except ProcessLookupError:
+                    pass
+
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        ledger = os.environ.get(LEDGER_ENV)
+        if not ledger or not Path(ledger).is_dir():
+            return
+        interrupts.clear_stop_request()  # one left by the previous job of this process
+        if Path(ledger).name != str(os.getpid()) and threading.current_thread() is threading.main_thread():
+            # a worker process: a signal while the job loads its data is a stop request, not a KeyboardInterrupt
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, interrupts.request_stop)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked while the worker waited
+        # where the sweep's process sends SIGTERM if it is stopped (after the handlers above are in place)
+        (Path(ledger) / f"{config.hydra.job.num}.running").write_text(f"{os.getpid()} {socket.gethostname()}\n")
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
         ledger = os.environ.get(LEDGER_ENV)
@@ -295,8 +374,24 @@ class SweepSummary(Callback):
             outcome = {"status": "failed", "error": f"{type(outcome).__name__}: {outcome}"}
         write_json(Path(ledger) / f"{config.hydra.job.num}.json",
                    {"folder": str(config.hydra.runtime.output_dir), **outcome})
+        (Path(ledger) / f"{config.hydra.job.num}.running").unlink(missing_ok=True)
+        if Path(ledger).name == str(os.getpid()):
+            if outcome["status"] == "interrupted":  # this process had the signal, which the job's loop took
+                self._stop_quietly(Path(ledger))
+        elif threading.current_thread() is threading.main_thread():
+            # an idle worker ignores Ctrl-C (raised while it waits, it would break joblib's pool: the sweep's
+            # process stops the sweep) and a SIGTERM sent while its job was ending
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+    def _stop_quietly(self, ledger: Path) -> None:
+        self.stopped = True
+        (ledger / "stop").touch()
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
         sweep = Path(config.hydra.sweep.dir)
         ledger = Path(os.environ.pop(LEDGER_ENV, sweep / LEDGER / f"{os.getpid()}"))
         jobs = [json.loads(p.read_text()) for p in sorted(ledger.glob("*.json"), key=lambda p: int(p.stem))]
@@ -318,6 +413,10 @@ class SweepSummary(Callback):
             log.error("a sweep numbers its jobs' folders in the order of its values, so one re-launched with other "
                       "values meets other runs there: use another hydra.sweep.dir, or name the folders by their "
                       "values with hydra.sweep.subdir='${hydra.job.override_dirname}'")
+        if self.stopped or counts["interrupted"] or counts["not started"]:
+            log.warning("stopped: the same command with resume=true finishes the %d interrupted and not started "
+                        "job(s)", counts["interrupted"] + counts["not started"])
+            sys.exit(130)  # the shell's code for an interrupt
         if failed:
             sys.exit(1)
 
@@ -455,9 +554,18 @@ def main(cfg: DictConfig) -> dict | None:
         log.error("hydra.run.dir='' is not allowed: every result file would land in the current folder; give a folder")
         sys.exit(2)
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in RECORDED_CHOICES}
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if multirun and SweepSummary.stopping():
+        return {"status": "not started"}  # the sweep was stopped before this job began
     try:
         summary = train(cfg, hydra_cfg.runtime.output_dir, choices, list(hydra_cfg.overrides.task),
                         concurrent_jobs(hydra_cfg))
+    except KeyboardInterrupt as err:  # Ctrl-C during the setup, or twice
+        if not isinstance(err, interrupts.StoppedNow):  # StoppedNow: the run has said how far it got
+            log.warning("stopped (Ctrl-C)")
+        if multirun:
+            return {"status": "interrupted"}
+        sys.exit(130)
     except SetupError as err:
         # a user error, not a bug: the message alone, without a traceback
         log.error("%s", err)
@@ -475,7 +583,8 @@ def main(cfg: DictConfig) -> dict | None:
     if summary["status"] == "interrupted":
         log.warning("interrupted after round %d; resume=true with the same settings continues from its checkpoint",
                     summary["rounds_completed"])
-        sys.exit(130)  # the shell's code for an interrupt; stops a sweep too
+        if not multirun:
+            sys.exit(130)  # the shell's code for an interrupt; a sweep says it at its end
     return {"status": summary["status"]}  # for the sweep's count (SweepSummary)
 
 

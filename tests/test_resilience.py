@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import torch
 
 from conftest import ROOT, compose_config
 from fedagg.aggregators.base import Aggregator
+from fedagg.loop.checkpoints import save_checkpoint
+from fedagg.loop.interrupts import StopRequests
 from fedagg.run import train
 
 TESTS = str(ROOT / "tests")
@@ -22,6 +25,16 @@ SLOW_RUN = ["rounds=12", "device=cpu", "client.local_epochs=4", "checkpoint_ever
 class NaNAtRound2(Aggregator):
     def server_update(self, inputs, update):
         return inputs.global_params + update * (float("nan") if inputs.round == 2 else 1.0)
+
+
+class CtrlCTwiceInRound3(Aggregator):
+    """FedAvg; with FEDAGG_TEST_CTRL_C set, its process gets Ctrl-C twice in round 3 (after round 2's checkpoint)."""
+
+    def server_update(self, inputs, update):
+        if inputs.round == 3 and os.environ.get("FEDAGG_TEST_CTRL_C"):
+            os.kill(os.getpid(), signal.SIGINT)  # handled at once: stop after this round
+            os.kill(os.getpid(), signal.SIGINT)  # and again: stop now
+        return super().server_update(inputs, update)
 
 
 class Boom(Aggregator):
@@ -230,3 +243,93 @@ def test_relaunched_sweep_with_resume_skips_completed_runs_and_finishes_the_rest
     again = json.loads((tmp_path / "1" / "summary.json").read_text())
     assert again["status"] == "completed" and again["rounds_completed"] == 3
     assert [r["round"] for r in _rows(tmp_path / "1" / "metrics.csv")] == ["1", "2", "3"]
+
+
+def _messages(out):
+    """Output lines without Hydra's time and logger prefix, nor the progress and setup lines of every run."""
+    lines = [re.sub(r"^\[[^]]*\]\[[^]]*\](\[[A-Z]+\] -)? ?", "", line) for line in out.strip().splitlines()]
+    return [line for line in lines if not re.match(r"round \d+/\d+ |digits: |computing with ", line)]
+
+
+def test_a_second_ctrl_c_during_a_checkpoint_write_waits_for_it(tmp_path):
+    with StopRequests() as stop:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt):
+            with stop.writing():
+                signal.raise_signal(signal.SIGINT)  # the second: the write goes on, then the run stops
+                save_checkpoint(tmp_path, {"round": 1})
+                done = True
+    assert done and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]  # and no checkpoint.pt.tmp
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False) == {"round": 1}
+    with StopRequests() as stop:  # the last write: nothing is left to stop after it
+        signal.raise_signal(signal.SIGINT)
+        with stop.writing(last=True):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_twice_stops_at_once_in_one_line_and_resumes(tmp_path):
+    overrides = ["rounds=4", "device=cpu", "checkpoint_every=1", f"aggregator._target_={__name__}.CtrlCTwiceInRound3"]
+    reference = train(compose_config(*overrides), tmp_path / "reference")
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "fedagg.run", *overrides, f"hydra.run.dir={run}"], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=TESTS, FEDAGG_TEST_CTRL_C="1"), capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 130 and "Traceback" not in out
+    assert _messages(out) == [
+        "SIGINT received: stopping after this round (Ctrl-C again to stop now)",
+        "stopped at once; resume=true with the same settings continues from the checkpoint after round 2"]
+    assert not list(run.glob("*.tmp"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == 2
+    resumed = train(compose_config(*overrides, "resume=true"), run)
+    assert resumed["status"] == "completed" and resumed["final_test_acc"] == reference["final_test_acc"]
+    assert _rows(run / "metrics.csv") == _rows(tmp_path / "reference" / "metrics.csv")
+
+
+SWEEP = ["rounds=12", "device=cpu", "client.local_epochs=4", "checkpoint_every=1", "hydra/launcher=joblib"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target, launch, counts", [
+    # a terminal's Ctrl-C reaches every process; the third worker waits for a job that never comes
+    ("group", ["hydra.launcher.n_jobs=3", "seed=0,1"], "2 interrupted"),
+    # the sweep's process alone: it passes the stop on; the third job does not begin
+    ("parent", ["hydra.launcher.n_jobs=2", "seed=0,1,2"], "2 interrupted, 1 not started")])
+def test_ctrl_c_stops_a_joblib_sweep_in_one_line_and_every_job_resumes(tmp_path, target, launch, counts):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "fedagg.run", "-m", *SWEEP, *launch, f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=TESTS), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # its own process group
+    try:
+        end = time.time() + 240
+        while not all((sweep / str(i) / "checkpoint.pt").exists() for i in (0, 1)):
+            assert proc.poll() is None and time.time() < end
+            time.sleep(0.05)
+        if target == "group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # a sweep that outlives its test would hold CI's output open
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in out and "leaked" not in out
+    lines = _messages(out)
+    assert "SIGINT received: stopping the sweep; its running jobs stop after their current round, the others do not " \
+           "begin" in lines
+    n = 3 if "not started" in counts else 2
+    assert lines[-2:] == [f"sweep {sweep}: {counts}",
+                          f"stopped: the same command with resume=true finishes the {n} interrupted and not started job(s)"]
+    for i in (0, 1):
+        summary = json.loads((sweep / str(i) / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and 0 < summary["rounds_completed"] < 12
+    assert not list(sweep.rglob("*.tmp")) and not (sweep / ".jobs").exists()
+    resumed = subprocess.run([*cmd, "resume=true"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=TESTS),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0 and f"sweep {sweep}: {n} completed" in _messages(resumed.stdout + resumed.stderr)
+    for i in range(n):
+        assert [r["round"] for r in _rows(sweep / str(i) / "metrics.csv")] == [str(r) for r in range(1, 13)]

@@ -44,7 +44,9 @@ def held_run(path: Path) -> str | None:
     summary = _summary(path)
     if summary is not None and "rounds_completed" in summary:
         n = summary["rounds_completed"]
-        return f"a {summary.get('status')} run (seed={summary.get('seed')}, {n} round{'' if n == 1 else 's'})"
+        status = summary.get("status")
+        article = "an" if str(status)[:1] in tuple("aeiou") else "a"  # an interrupted run
+        return f"{article} {status} run (seed={summary.get('seed')}, {n} round{'' if n == 1 else 's'})"
     if summary is not None and summary.get("status") == "failed":  # failed at setup: no round ran
         present.remove("summary.json")
     if not present:

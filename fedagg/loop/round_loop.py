@@ -24,7 +24,7 @@ from fedagg.loop.communication import BitCounter
 from fedagg.loop.diagnostics import round_diagnostics
 from fedagg.loop.evaluation import evaluate, per_client_accuracy, spread
 from fedagg.loop.inputs import InputsProvider
-from fedagg.loop.interrupts import StopRequests
+from fedagg.loop.interrupts import StoppedNow, StopRequests
 from fedagg.loop.progress import RoundProgress
 from fedagg.loop.settings import Settings, sample_clients
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
@@ -56,6 +56,7 @@ class RoundLoop:
         self.summary["server_samples"] = int(fed.server_idx.numel())
         self.summary["uses_extra_data"] = fed.aggregator.needs.uses_extra_data
         self.summary["corrupted_clients"] = fed.corrupted
+        self.saved_round, self.saved_summary = 0, dict(self.summary)  # as of the latest checkpoint
         self.corrupted = set(fed.corrupted)
         self.bits = BitCounter(fed.aggregator, self.params.numel(), self.buffers.numel())
 
@@ -81,6 +82,7 @@ class RoundLoop:
         self.clients_log.reset(ckpt.get("clients", []))
         self.bits.load_state_dict(ckpt.get("bits"))
         self.next_round, self.elapsed_before = ckpt["round"] + 1, ckpt["elapsed_s"]
+        self.saved_round, self.saved_summary = ckpt["round"], dict(self.summary)
         log.info("resuming after round %d", ckpt["round"])
 
     # -- one round -----------------------------------------------------------------------
@@ -149,8 +151,9 @@ class RoundLoop:
         settings, start = self.settings, time.perf_counter()
         elapsed = lambda: self.elapsed_before + time.perf_counter() - start  # noqa: E731
         progress = RoundProgress(self.next_round, settings.rounds)
-        try:
-            with StopRequests() as stop:
+        # the handlers stay until the last file is written: a second Ctrl-C waits for a write to end
+        with StopRequests() as stop:
+            try:
                 for r in range(self.next_round, settings.rounds + 1):
                     row = self.step(r)
                     self.summary["rounds_completed"] = r
@@ -174,16 +177,30 @@ class RoundLoop:
                         self.summary["status"] = "interrupted"
                         break
                     if settings.checkpoint_every and r % settings.checkpoint_every == 0 and r < settings.rounds:
-                        save_checkpoint(self.run_dir, self.state(elapsed()))
-        except Exception as err:
-            self.summary.update(status="failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
-            self.finish(elapsed())
-            raise
-        finally:
-            progress.close()
-        if self.summary["status"] == "running":
-            self.summary["status"] = "completed"
-        self.finish(elapsed())
+                        with stop.writing():
+                            save_checkpoint(self.run_dir, self.state(elapsed()))
+                        self.saved_round, self.saved_summary = r, dict(self.summary)
+            except KeyboardInterrupt:
+                progress.close()
+                # the folder says what resume=true continues from: the latest checkpoint's state, interrupted
+                with stop.writing(last=True):
+                    write_json(self.run_dir / "summary.json", dict(self.saved_summary, status="interrupted"))
+                since = (f"the checkpoint after round {self.saved_round}" if self.saved_round else
+                         "round 1 (no checkpoint was written yet)")
+                log.warning("stopped at once; resume=true with the same settings continues from %s", since)
+                raise StoppedNow from None
+            except Exception as err:
+                self.summary.update(status="failed", error=f"{type(err).__name__}: {err}",
+                                    traceback=traceback.format_exc())
+                with stop.writing(last=True):
+                    self.finish(elapsed())
+                raise
+            finally:
+                progress.close()
+            if self.summary["status"] == "running":
+                self.summary["status"] = "completed"
+            with stop.writing(last=True):
+                self.finish(elapsed())
         return self.summary
 
     def finish(self, elapsed: float) -> None:
