@@ -290,10 +290,10 @@ class SweepSummary(Callback):
     Ctrl-C (or SIGTERM) stops a sweep as it stops a run: the running jobs stop after their current round with a
     checkpoint and `status: interrupted`, and the jobs not yet begun do not begin. The signal may reach the whole
     process group (a terminal's Ctrl-C) or this process alone; either way this process passes SIGTERM on to the
-    jobs running in other processes of this machine, and no process raises a KeyboardInterrupt that would make
-    joblib kill its workers mid-write: with jobs in other processes, this one blocks the signals and takes them
-    in a thread, and the workers it starts inherit the block, so that one waiting for a job ignores them (a job
-    unblocks them while it runs)."""
+    jobs running in joblib's workers, and no process raises a KeyboardInterrupt that would make joblib kill its
+    workers mid-write: with joblib, this process blocks the signals and takes them in a thread, and the workers
+    it starts inherit the block, so that one waiting for a job ignores them (a job unblocks them while it runs).
+    With the basic launcher the jobs run in this process, whose round loop takes the signal."""
 
     def __init__(self) -> None:
         self.ledger: Path | None = None
@@ -318,11 +318,13 @@ class SweepSummary(Callback):
         shutil.rmtree(self.ledger, ignore_errors=True)  # a killed sweep's, whose process id this one has now
         self.ledger.mkdir(parents=True)
         os.environ[LEDGER_ENV] = str(self.ledger)
-        if threading.current_thread() is not threading.main_thread():
-            return
+        launcher = str(config.hydra.launcher.get("_target_", ""))
+        if threading.current_thread() is not threading.main_thread() or not ("BasicLauncher" in launcher or
+                                                                              "joblib" in launcher.lower()):
+            return  # jobs elsewhere (Slurm): Ctrl-C leaves this process as it always did
         for sig in STOP_SIGNALS:  # also for a thread started before the block below, which may get the signal
             self.previous[sig] = signal.signal(sig, self._stop)
-        if "BasicLauncher" not in str(config.hydra.launcher.get("_target_", "")):  # jobs in other processes
+        if "joblib" in launcher.lower():  # jobs in worker processes of this machine
             # multiprocessing's resource tracker unblocks the signals when it starts: start it first
             from multiprocessing import resource_tracker
 
