@@ -1,56 +1,46 @@
 """The Hydra edge: compose the config, instantiate the parts, run the federation.
 
 `python -m fedagg.run [group=option ...] [key=value ...]` (add `-m` for a sweep). Only this
-module imports Hydra; `train(cfg, run_dir)` runs a composed config and
+module and `fedagg/edge` (command-line messages, the sweep's callback) import Hydra;
+`train(cfg, run_dir)` runs a composed config and
 `run_experiment(overrides, run_dir)` composes and runs one job as the command line does.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
-import os
 import re
-import shutil
-import signal
-import socket
 import sys
-import threading
 import traceback
-from collections import Counter
 from pathlib import Path
 
 import hydra
 from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import ConfigCompositionException, HydraException, InstantiationException, MissingConfigException
-from hydra.experimental.callback import Callback
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationKeyError
 
 from fedagg.data.partition_report import save_partition_report
+from fedagg.edge import CONF
+from fedagg.edge.command_line import explain_composition_error
+from fedagg.edge.sweep import SweepSummary, concurrent_jobs
 from fedagg.loop.assembly import Parts, assemble
 from fedagg.loop.checkpoints import load_checkpoint
 from fedagg.loop import interrupts, threads
 from fedagg.loop.folder import RunFolder, clear_run, held_run
 from fedagg.loop.numerics import numerics
 from fedagg.loop.round_loop import run_federation
-from fedagg.loop.schema import META_KEYS, check_config
+from fedagg.loop.schema import check_config
 from fedagg.data.device import resolve_device
 from fedagg.loop.settings import Settings
 from fedagg.loop.splits import scaled_rounds
 from fedagg.results.groups import GROUPS, RECORDED_CHOICES
 from fedagg.tracking.files import write_json
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-LEDGER, LEDGER_ENV = ".jobs", "FEDAGG_SWEEP_LEDGER"  # each job's outcome, for the sweep's summary (SweepSummary)
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 log = logging.getLogger("fedagg")
 
 
@@ -266,287 +256,6 @@ def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:
     with open_dict(cfg):
         del cfg["hydra"]
     return train(cfg, run_dir, choices)
-
-
-def concurrent_jobs(hydra_cfg) -> int:
-    """Jobs the launcher runs at once on this machine: joblib's n_jobs (-1: every core), else one (the basic
-    launcher runs them in turn; submitit gives each its own allocation)."""
-    launcher = hydra_cfg.launcher
-    if hydra_cfg.mode != RunMode.MULTIRUN or "joblib" not in str(launcher.get("_target_", "")).lower():
-        return 1
-    n = int(launcher.get("n_jobs") or 1)
-    return n if n > 0 else max(1, threads.available_cores() + 1 + n)
-
-
-class SweepSummary(Callback):
-    """At the end of a sweep: how many of its jobs completed, diverged, failed or were interrupted, the failed ones'
-    folders and errors, and a non-zero exit status when any failed or the sweep was stopped.
-
-    It counts the jobs this sweep launched, not the summary.json files in its folder: a job refused because its
-    folder holds another run writes nothing there, and a folder's summary may be an earlier sweep's. Each job
-    records its outcome in a ledger of this sweep (`on_job_end` runs where the job runs: in this process, or in a
-    joblib worker or a Slurm job, which find the ledger through the environment they inherit).
-
-    Ctrl-C (or SIGTERM) stops a sweep as it stops a run: the running jobs stop after their current round with a
-    checkpoint and `status: interrupted`, and the jobs not yet begun do not begin. The signal may reach the whole
-    process group (a terminal's Ctrl-C) or this process alone; either way this process passes SIGTERM on to the
-    jobs running in joblib's workers, and no process raises a KeyboardInterrupt that would make joblib kill its
-    workers mid-write: with joblib, this process blocks the signals and takes them in a thread, and the workers
-    it starts inherit the block, so that one waiting for a job ignores them (a job unblocks them while it runs).
-    With the basic launcher the jobs run in this process, whose round loop takes the signal."""
-
-    def __init__(self) -> None:
-        self.ledger: Path | None = None
-        self.stopped = False
-        self.previous: dict[int, object] = {}
-        self.lock = threading.Lock()
-
-    def __getstate__(self) -> dict:
-        return {}  # sent to the workers with the jobs: they keep no state of the sweep's process
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
-
-    @staticmethod
-    def stopping() -> bool:
-        """Whether the sweep this job belongs to was stopped (the job should not begin)."""
-        ledger = os.environ.get(LEDGER_ENV)
-        return bool(ledger) and (Path(ledger) / "stop").exists()
-
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        self.ledger = Path(config.hydra.sweep.dir) / LEDGER / f"{os.getpid()}"
-        shutil.rmtree(self.ledger, ignore_errors=True)  # a killed sweep's, whose process id this one has now
-        self.ledger.mkdir(parents=True)
-        os.environ[LEDGER_ENV] = str(self.ledger)
-        launcher = str(config.hydra.launcher.get("_target_", ""))
-        if threading.current_thread() is not threading.main_thread() or not ("BasicLauncher" in launcher or
-                                                                              "joblib" in launcher.lower()):
-            return  # jobs elsewhere (Slurm): Ctrl-C leaves this process as it always did
-        for sig in STOP_SIGNALS:  # also for a thread started before the block below, which may get the signal
-            self.previous[sig] = signal.signal(sig, self._stop)
-        if "joblib" in launcher.lower():  # jobs in worker processes of this machine
-            # multiprocessing's resource tracker unblocks the signals when it starts: start it first
-            from multiprocessing import resource_tracker
-
-            resource_tracker.ensure_running()
-            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # until this process ends
-            threading.Thread(target=self._take_signals, name="sweep-signals", daemon=True).start()
-
-    def _take_signals(self) -> None:
-        while True:
-            self._stop(signal.sigwait(STOP_SIGNALS), None)
-
-    def _stop(self, signum, frame) -> None:
-        interrupts.request_stop()  # a job of this process still loading its data stops after one round
-        with self.lock:  # the handler and the thread taking the signals
-            if self.stopped:
-                return
-            self.stopped = True
-        (self.ledger / "stop").touch()
-        log.warning("%s received: stopping the sweep; its running jobs stop after their current round, the others "
-                    "do not begin", signal.Signals(signum).name)
-        host = socket.gethostname()
-        for running in self.ledger.glob("*.running"):
-            pid, _, where = running.read_text().strip().partition(" ")
-            if where == host and int(pid) != os.getpid():
-                try:
-                    os.kill(int(pid), signal.SIGTERM)  # stops after its round, like the SIGINT it may have had
-                except ProcessLookupError:
-                    pass
-
-    def on_job_start(self, config: DictConfig, **kwargs) -> None:
-        ledger = os.environ.get(LEDGER_ENV)
-        if not ledger or not Path(ledger).is_dir():
-            return
-        interrupts.clear_stop_request()  # one left by the previous job of this process
-        if Path(ledger).name != str(os.getpid()) and threading.current_thread() is threading.main_thread():
-            # a worker process: a signal while the job loads its data is a stop request, not a KeyboardInterrupt
-            for sig in STOP_SIGNALS:
-                signal.signal(sig, interrupts.request_stop)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked while the worker waited
-        # where the sweep's process sends SIGTERM if it is stopped (after the handlers above are in place)
-        (Path(ledger) / f"{config.hydra.job.num}.running").write_text(f"{os.getpid()} {socket.gethostname()}\n")
-
-    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
-        ledger = os.environ.get(LEDGER_ENV)
-        if not ledger or not Path(ledger).is_dir():
-            return
-        outcome = job_return._return_value
-        if job_return.status != JobStatus.COMPLETED or not isinstance(outcome, dict):
-            outcome = {"status": "failed", "error": f"{type(outcome).__name__}: {outcome}"}
-        write_json(Path(ledger) / f"{config.hydra.job.num}.json",
-                   {"folder": str(config.hydra.runtime.output_dir), **outcome})
-        (Path(ledger) / f"{config.hydra.job.num}.running").unlink(missing_ok=True)
-        if Path(ledger).name == str(os.getpid()):
-            if outcome["status"] == "interrupted":  # this process had the signal, which the job's loop took
-                self._stop_quietly(Path(ledger))
-        elif threading.current_thread() is threading.main_thread():
-            # an idle worker ignores Ctrl-C (raised while it waits, it would break joblib's pool: the sweep's
-            # process stops the sweep) and a SIGTERM sent while its job was ending
-            for sig in STOP_SIGNALS:
-                signal.signal(sig, signal.SIG_IGN)
-            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-
-    def _stop_quietly(self, ledger: Path) -> None:
-        self.stopped = True
-        (ledger / "stop").touch()
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        sweep = Path(config.hydra.sweep.dir)
-        ledger = Path(os.environ.pop(LEDGER_ENV, sweep / LEDGER / f"{os.getpid()}"))
-        jobs = [json.loads(p.read_text()) for p in sorted(ledger.glob("*.json"), key=lambda p: int(p.stem))]
-        shutil.rmtree(ledger, ignore_errors=True)
-        try:
-            ledger.parent.rmdir()  # the ledgers' folder, unless another sweep into this folder runs now
-        except OSError:
-            pass
-        counts = Counter(job["status"] for job in jobs)
-        log.info("sweep %s: %s", sweep, ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no runs")
-        failed = [job for job in jobs if job["status"] == "failed"]
-        for job in failed:
-            error = (str(job.get("error", "")).splitlines() or [""])[0][:600]
-            log.error("failed: %s", error if error.startswith(job["folder"]) else f"{job['folder']}: {error}")
-        # resume=true finds another configuration's run in a job's folder: the sweep's values differ from the first
-        # launch's, and Hydra numbers the folders in the order of the values
-        numbered = str(config.hydra.sweep._get_node("subdir")._value()) == "${hydra.job.num}"  # Hydra's default
-        if numbered and config.get("resume") is True and any(job.get("folder_held") for job in failed):
-            log.error("a sweep numbers its jobs' folders in the order of its values, so one re-launched with other "
-                      "values meets other runs there: use another hydra.sweep.dir, or name the folders by their "
-                      "values with hydra.sweep.subdir='${hydra.job.override_dirname}'")
-        if self.stopped or counts["interrupted"] or counts["not started"]:
-            log.warning("stopped: the same command with resume=true finishes the %d interrupted and not started "
-                        "job(s)", counts["interrupted"] + counts["not started"])
-            sys.exit(130)  # the shell's code for an interrupt
-        if failed:
-            sys.exit(1)
-
-
-def _option_line(group: str, value: str, options: list[str]) -> str:
-    lowered = {o.lower(): o for o in options}
-    close = [lowered[value.lower()]] if value.lower() in lowered else difflib.get_close_matches(value, options, n=1)
-    hint = f"; did you mean {group}={close[0]}?" if close else ""
-    return f"{group}={value} is not an option{hint} (options: {', '.join(options)})"
-
-
-def _keys(node, prefix: str = "") -> set[str]:
-    """Every key path of a config node, values unresolved (an option's YAML as written)."""
-    out = set()
-    for key in node.keys() if isinstance(node, DictConfig) else ():
-        out.add(f"{prefix}{key}")
-        out |= _keys(node._get_node(key), f"{prefix}{key}.")
-    return out
-
-
-def _unknown_key_line(loader, parsed: list, lines: list[str], failing: str, multirun: bool) -> str | None:
-    """One line for the override `failing` (of the composed `lines`), whose key the config does not have: which
-    options of its group have it, `++key=value` where a sweep sets it before picking the option, else the
-    nearest known key."""
-    key, value = failing.split("=", 1)
-    typed = next((o.input_line for o in parsed if o.key_or_group == key), failing)  # a sweep's values, not one job's
-    value = typed.split("=", 1)[1]
-    try:  # the config as it would be without that override: the group options it chose
-        base = compose(config_name="config", overrides=[line for line in lines if line != failing],
-                       return_hydra_config=True)
-    except HydraException:
-        return None  # another problem first: Hydra names it
-    parts = key.split(".")
-    groups = [g for g in ("/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)) if loader.repository.group_exists(g)]
-    known = {k for k in _keys(base) if not k.startswith("hydra")}
-    owners: dict[str, list[str]] = {}  # key path -> the options of its group that have it
-    if groups:
-        group = groups[0]
-        dotted, chosen = group.replace("/", "."), base.hydra.runtime.choices.get(group)
-        for option in loader.get_group_options(group):
-            loaded = loader.repository.load_config(f"{group}/{option}")
-            for k in _keys(loaded.config if loaded is not None else None, f"{dotted}."):
-                owners.setdefault(k, []).append(option)
-        have, name = owners.get(key, []), key[len(dotted) + 1:]
-        swept = next((list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()
-                      and o.key_or_group == group), None) if multirun else None
-        if have and swept and set(swept) <= set(have):
-            return (f"{typed} is applied before the sweep picks the {dotted}, to {group}={chosen}, which has no "
-                    f"{name}: write ++{typed} to set it in every job")
-        if have:
-            lacking = [o for o in swept or [chosen] if o not in have]
-            return (f"{typed} is not allowed: {group}={', '.join(lacking)} has no {name}; "
-                    f"{group}={', '.join(have)} {'has' if len(have) == 1 else 'have'} it")
-    parent, _, last = key.rpartition(".")
-    tiers = ([k for k in known if k.rpartition(".")[0] == parent],  # the chosen option's keys, then its group's
-             [k for k in owners if k.rpartition(".")[0] == parent], sorted(known | set(owners)))
-    for tier, cutoff in zip(tiers, (0.6, 0.6, 0.8)):
-        lasts = {k.rpartition(".")[2]: k for k in tier if k.rpartition(".")[2] not in META_KEYS}
-        if close := difflib.get_close_matches(last, list(lasts), n=1, cutoff=cutoff):
-            near = lasts[close[0]]
-            break
-    else:
-        shown = ", ".join(sorted(k.rpartition(".")[2] for k in tiers[0] if k.rpartition(".")[2] not in META_KEYS))
-        return (f"{key} is not a setting fedagg knows (known keys{' of ' + parent if parent else ''}: "
-                f"{shown or 'none'}); remove it or correct its name")
-    where = ""
-    if near not in known:
-        have = owners[near]
-        where = (f" ({groups[0]}={', '.join(have)} {'has' if len(have) == 1 else 'have'} it, "
-                 f"{groups[0]}={base.hydra.runtime.choices.get(groups[0])} does not)")
-    return f"{key} is not a setting fedagg knows; did you mean {near}={value}?{where}"
-
-
-def _composition_problem(loader, parsed: list, lines: list[str], multirun: bool) -> str | None:
-    """One line for why the overrides `lines` do not compose, or None when they do (or Hydra says it better)."""
-    try:
-        compose(config_name="config", overrides=lines, return_hydra_config=True)
-    except MissingConfigException as err:
-        for line in lines:
-            group, _, value = line.partition("=")
-            if f"{group}/{value}" == err.missing_cfg_file:
-                return _option_line(group, value, list(err.options or []))
-    except ConfigCompositionException as err:
-        if found := re.match(r"Could not append to config. An item is already at '([^']+)'", str(err)):
-            line = next((line for line in lines if line.startswith(f"+{found.group(1)}=")), None)
-            return None if line is None else f"{line} adds a key the config already has: write {line[1:]} to change it"
-        if found := re.match(r"Could not override '([^']+)'", str(err)):
-            line = next((line for line in lines if line.startswith(f"{found.group(1)}=")), None)
-            return None if line is None else _unknown_key_line(loader, parsed, lines, line, multirun)
-    return None
-
-
-def explain_composition_error(argv: list[str]) -> str | None:
-    """One line for a command line Hydra cannot compose because of a mistyped group option or key, or None.
-
-    Hydra's own messages span many lines, suggest no near option, and in a sweep suggest `+key` where
-    `++key` is what works. This composes the config as Hydra is about to: a sweep's first config without
-    its swept values, then its first job, and checks each swept option of a group. Anything else (flags
-    such as --cfg, syntax errors, what only a later job would show) is left to Hydra.
-    """
-    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        return None
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    try:
-        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
-    except HydraException:
-        return None
-    sweeps = [o for o in parsed if multirun and o.is_sweep_override()]
-    first = [o.input_line for o in parsed if o not in sweeps]
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        loader = GlobalHydra.instance().config_loader()
-        if problem := _composition_problem(loader, parsed, first, multirun):
-            return problem
-        for o in (o for o in sweeps if loader.repository.group_exists(o.key_or_group)):  # composed job by job
-            options = loader.get_group_options(o.key_or_group, config_name="config", overrides=first)
-            for value in o.sweep_string_iterator():
-                if value not in options:
-                    return _option_line(o.key_or_group, value, options)
-                loaded = loader.repository.load_config(f"{o.key_or_group}/{value}")
-                dotted = o.key_or_group.replace("/", ".")
-                for add in (a for a in parsed if a.is_add() and a.key_or_group.startswith(f"{dotted}.")):
-                    if add.key_or_group in _keys(loaded.config if loaded else None, f"{dotted}."):
-                        return (f"{add.input_line} adds a key that {o.key_or_group}={value} already has, which Hydra "
-                                f"refuses in that job: write +{add.input_line} to add or set it in every job")
-        if sweeps:
-            job = first + [f"{o.get_key_element()}={next(o.sweep_string_iterator())}" for o in sweeps]
-            return _composition_problem(loader, parsed, job, multirun)
-    return None
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -1,0 +1,141 @@
+"""One line for a command line Hydra cannot compose because of a mistyped group option or key."""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
+from omegaconf import DictConfig
+
+from fedagg.edge import CONF
+from fedagg.loop.schema import META_KEYS
+
+
+def _option_line(group: str, value: str, options: list[str]) -> str:
+    lowered = {o.lower(): o for o in options}
+    close = [lowered[value.lower()]] if value.lower() in lowered else difflib.get_close_matches(value, options, n=1)
+    hint = f"; did you mean {group}={close[0]}?" if close else ""
+    return f"{group}={value} is not an option{hint} (options: {', '.join(options)})"
+
+
+def _keys(node, prefix: str = "") -> set[str]:
+    """Every key path of a config node, values unresolved (an option's YAML as written)."""
+    out = set()
+    for key in node.keys() if isinstance(node, DictConfig) else ():
+        out.add(f"{prefix}{key}")
+        out |= _keys(node._get_node(key), f"{prefix}{key}.")
+    return out
+
+
+def _unknown_key_line(loader, parsed: list, lines: list[str], failing: str, multirun: bool) -> str | None:
+    """One line for the override `failing` (of the composed `lines`), whose key the config does not have: which
+    options of its group have it, `++key=value` where a sweep sets it before picking the option, else the
+    nearest known key."""
+    key, value = failing.split("=", 1)
+    typed = next((o.input_line for o in parsed if o.key_or_group == key), failing)  # a sweep's values, not one job's
+    value = typed.split("=", 1)[1]
+    try:  # the config as it would be without that override: the group options it chose
+        base = compose(config_name="config", overrides=[line for line in lines if line != failing],
+                       return_hydra_config=True)
+    except HydraException:
+        return None  # another problem first: Hydra names it
+    parts = key.split(".")
+    groups = [g for g in ("/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)) if loader.repository.group_exists(g)]
+    known = {k for k in _keys(base) if not k.startswith("hydra")}
+    owners: dict[str, list[str]] = {}  # key path -> the options of its group that have it
+    if groups:
+        group = groups[0]
+        dotted, chosen = group.replace("/", "."), base.hydra.runtime.choices.get(group)
+        for option in loader.get_group_options(group):
+            loaded = loader.repository.load_config(f"{group}/{option}")
+            for k in _keys(loaded.config if loaded is not None else None, f"{dotted}."):
+                owners.setdefault(k, []).append(option)
+        have, name = owners.get(key, []), key[len(dotted) + 1:]
+        swept = next((list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()
+                      and o.key_or_group == group), None) if multirun else None
+        if have and swept and set(swept) <= set(have):
+            return (f"{typed} is applied before the sweep picks the {dotted}, to {group}={chosen}, which has no "
+                    f"{name}: write ++{typed} to set it in every job")
+        if have:
+            lacking = [o for o in swept or [chosen] if o not in have]
+            return (f"{typed} is not allowed: {group}={', '.join(lacking)} has no {name}; "
+                    f"{group}={', '.join(have)} {'has' if len(have) == 1 else 'have'} it")
+    parent, _, last = key.rpartition(".")
+    tiers = ([k for k in known if k.rpartition(".")[0] == parent],  # the chosen option's keys, then its group's
+             [k for k in owners if k.rpartition(".")[0] == parent], sorted(known | set(owners)))
+    for tier, cutoff in zip(tiers, (0.6, 0.6, 0.8)):
+        lasts = {k.rpartition(".")[2]: k for k in tier if k.rpartition(".")[2] not in META_KEYS}
+        if close := difflib.get_close_matches(last, list(lasts), n=1, cutoff=cutoff):
+            near = lasts[close[0]]
+            break
+    else:
+        shown = ", ".join(sorted(k.rpartition(".")[2] for k in tiers[0] if k.rpartition(".")[2] not in META_KEYS))
+        return (f"{key} is not a setting fedagg knows (known keys{' of ' + parent if parent else ''}: "
+                f"{shown or 'none'}); remove it or correct its name")
+    where = ""
+    if near not in known:
+        have = owners[near]
+        where = (f" ({groups[0]}={', '.join(have)} {'has' if len(have) == 1 else 'have'} it, "
+                 f"{groups[0]}={base.hydra.runtime.choices.get(groups[0])} does not)")
+    return f"{key} is not a setting fedagg knows; did you mean {near}={value}?{where}"
+
+
+def _composition_problem(loader, parsed: list, lines: list[str], multirun: bool) -> str | None:
+    """One line for why the overrides `lines` do not compose, or None when they do (or Hydra says it better)."""
+    try:
+        compose(config_name="config", overrides=lines, return_hydra_config=True)
+    except MissingConfigException as err:
+        for line in lines:
+            group, _, value = line.partition("=")
+            if f"{group}/{value}" == err.missing_cfg_file:
+                return _option_line(group, value, list(err.options or []))
+    except ConfigCompositionException as err:
+        if found := re.match(r"Could not append to config. An item is already at '([^']+)'", str(err)):
+            line = next((line for line in lines if line.startswith(f"+{found.group(1)}=")), None)
+            return None if line is None else f"{line} adds a key the config already has: write {line[1:]} to change it"
+        if found := re.match(r"Could not override '([^']+)'", str(err)):
+            line = next((line for line in lines if line.startswith(f"{found.group(1)}=")), None)
+            return None if line is None else _unknown_key_line(loader, parsed, lines, line, multirun)
+    return None
+
+
+def explain_composition_error(argv: list[str]) -> str | None:
+    """One line for a command line Hydra cannot compose because of a mistyped group option or key, or None.
+
+    Hydra's own messages span many lines, suggest no near option, and in a sweep suggest `+key` where
+    `++key` is what works. This composes the config as Hydra is about to: a sweep's first config without
+    its swept values, then its first job, and checks each swept option of a group. Anything else (flags
+    such as --cfg, syntax errors, what only a later job would show) is left to Hydra.
+    """
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return None
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+    except HydraException:
+        return None
+    sweeps = [o for o in parsed if multirun and o.is_sweep_override()]
+    first = [o.input_line for o in parsed if o not in sweeps]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        if problem := _composition_problem(loader, parsed, first, multirun):
+            return problem
+        for o in (o for o in sweeps if loader.repository.group_exists(o.key_or_group)):  # composed job by job
+            options = loader.get_group_options(o.key_or_group, config_name="config", overrides=first)
+            for value in o.sweep_string_iterator():
+                if value not in options:
+                    return _option_line(o.key_or_group, value, options)
+                loaded = loader.repository.load_config(f"{o.key_or_group}/{value}")
+                dotted = o.key_or_group.replace("/", ".")
+                for add in (a for a in parsed if a.is_add() and a.key_or_group.startswith(f"{dotted}.")):
+                    if add.key_or_group in _keys(loaded.config if loaded else None, f"{dotted}."):
+                        return (f"{add.input_line} adds a key that {o.key_or_group}={value} already has, which Hydra "
+                                f"refuses in that job: write +{add.input_line} to add or set it in every job")
+        if sweeps:
+            job = first + [f"{o.get_key_element()}={next(o.sweep_string_iterator())}" for o in sweeps]
+            return _composition_problem(loader, parsed, job, multirun)
+    return None
