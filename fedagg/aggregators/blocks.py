@@ -14,9 +14,10 @@ for the sequential engine), and these helpers cut the work accordingly:
 
 A round of at most `block_rows` clients is one block, computed exactly as without blocks.
 Column blocks start at multiples of `ALIGN` elements: the CPU kernels then vectorise each
-column the same way as in one call over all columns, so per-parameter results come out
-bit for bit the same (measured for sums and matrix-vector products over the client axis;
-on a GPU, equal up to float rounding).
+column the same way as in one call over all columns, so per-parameter results came out
+bit for bit the same where measured (sums and matrix-vector products over the client axis,
+on this project's CPUs); nothing guarantees it for another BLAS or kernel, and on a GPU they
+are equal up to float rounding, which is what the tests check.
 """
 
 from __future__ import annotations
