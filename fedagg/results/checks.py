@@ -12,20 +12,10 @@ import math
 
 from fedagg.results.groups import GROUPS, RECORDED_CHOICES
 from fedagg.results.runs import ResultsError, overrides_of
+from fedagg.results.values import MISSING, find
 
-MISSING = object()
 # overrides that say where files are or how a run is carried out, not what it computes: never a reason to refuse
 NOT_SETTINGS = ("data.root", "data.download", "resume", "threads", "checkpoint_every", "logger")
-
-
-def find(summary: dict, path: str):
-    """The value at a dotted path, MISSING where the path is not there (None is a value)."""
-    node = summary
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return MISSING
-        node = node[part]
-    return node
 
 
 def check_keys(runs: list[dict], spec: dict, given: dict[str, str]) -> None:

@@ -7,13 +7,23 @@ import math
 DASH, CROSS = "—", "×"
 
 
-def lookup(summary: dict, path: str):
+MISSING = object()
+
+
+def find(summary: dict, path: str):
+    """The value at a dotted path, MISSING where the path is not there (None is a value)."""
     node = summary
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return MISSING
         node = node[part]
     return node
+
+
+def lookup(summary: dict, path: str):
+    """The value at a dotted path, None where the path is not there."""
+    value = find(summary, path)
+    return None if value is MISSING else value
 
 
 def key_text(value) -> str:
