@@ -60,3 +60,16 @@ def test_report_of_a_two_method_two_seed_sweep(tmp_path):
     for cell in cells:
         assert cell["measured_text"] in by_title["Table"]["text"]
     assert "Paired difference to fedavg" in by_title["Paired statistics against fedavg"]["text"]
+
+
+def test_shared_settings_are_those_every_run_has_with_one_value():
+    flat = [{"config.aggregator._target_": "FedAvg", "config.seed": 0, "config.rounds": 30},
+            {"config.aggregator._target_": "FedAWA", "config.aggregator.server_lr": None, "config.seed": 0,
+             "config.rounds": 30},
+            {"config.aggregator._target_": "FedAWA", "config.aggregator.server_lr": None, "config.seed": 1,
+             "config.rounds": 30}]
+    # server_lr is null where it exists and absent in the FedAvg run: not shared (and no KeyError)
+    assert report.shared_settings(flat) == {"config.rounds": "30"}
+    assert report.shared_settings(flat[1:]) == {"config.aggregator._target_": '"FedAWA"',
+                                                "config.aggregator.server_lr": "null", "config.rounds": "30"}
+    assert report.shared_settings([]) == {}

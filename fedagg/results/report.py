@@ -43,6 +43,14 @@ th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}section{margin:2.
 code{background:#f6f6f6;padding:1px 4px}.muted{color:#666;font-size:13px}"""
 
 
+def shared_settings(flat: list[dict]) -> dict[str, str]:
+    """The flattened settings every run has, with the same value (as JSON). A key that some runs lack is not one
+    of them, whatever the others hold (FedAWA's `server_lr: null` beside FedAvg, which has no such key)."""
+    keys = set(flat[0]).intersection(*flat[1:]) if flat else set()
+    return {k: json.dumps(flat[0][k], default=str) for k in sorted(keys)
+            if len({json.dumps(f[k], default=str) for f in flat}) == 1}
+
+
 def what_was_run(runs: list[dict], unfinished: list[dict], table, folder: Path) -> str:
     """The sweep's axes (the group choices, overrides and seeds that vary), each method with its settings, the
     settings every run shares, and the runs left out."""
@@ -53,8 +61,7 @@ def what_was_run(runs: list[dict], unfinished: list[dict], table, folder: Path) 
                    for k, v in varying.items() if len(v) > 1)
     flat = [flatten({"choices": r["summary"].get("choices") or {}, "config": r["summary"].get("config") or {}})
             for r in runs]
-    fixed = {k: json.dumps(flat[0][k], default=str) for k in sorted(set().union(*flat))
-             if len({json.dumps(f.get(k), default=str) for f in flat}) == 1}
+    fixed = shared_settings(flat)
     shared = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(v)}</td></tr>" for k, v in fixed.items())
     left = f"<p>{html.escape(plot.unfinished_note(unfinished))}: not in this report.</p>" if unfinished else ""
     return (f"<p>{len(runs)} runs in <code>{html.escape(str(folder))}</code>.</p>{left}"
