@@ -75,6 +75,7 @@ def test_the_command_line_prints_only_that_line(tmp_path, args, line):
     assert list(tmp_path.iterdir()) == []  # nothing started
 
 
+@pytest.mark.slow  # a CLI subprocess of 10-30 s; the default suite must stay under 10 minutes
 def test_the_suggested_plus_plus_works_in_a_sweep_and_a_single_run(tmp_path):
     sweep = run_cli("-m", "aggregator=median,trimmed_mean", "++aggregator.bucket_size=2", "rounds=1", "device=cpu",
                     f"hydra.sweep.dir={tmp_path / 'sweep'}")

@@ -261,6 +261,7 @@ def test_two_job_sweep_through_the_joblib_launcher(tmp_path):
     assert all("computing with 1 torch thread(s)" in (tmp_path / str(i) / "run.log").read_text() for i in range(2))
 
 
+@pytest.mark.slow  # a CLI subprocess of 10-30 s; the default suite must stay under 10 minutes
 def test_two_job_sweep_through_the_submitit_launcher(tmp_path):
     """The Slurm configuration's code path, run by real submitit on this machine (submitit_local)."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")

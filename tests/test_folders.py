@@ -140,6 +140,7 @@ def test_resume_on_an_empty_folder_says_it_starts_fresh(tmp_path, caplog):
     assert f"resume=true but {tmp_path} has no checkpoint yet: starting from round 1" in caplog.text
 
 
+@pytest.mark.slow  # a CLI subprocess of 10-30 s; the default suite must stay under 10 minutes
 def test_a_backbone_for_large_images_warns_once(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         train(compose_config("rounds=1", "device=cpu", "model=resnet18", "num_clients=2", "client.local_epochs=1",
@@ -169,6 +170,7 @@ def test_a_sweep_with_a_failed_job_says_so_and_exits_nonzero(tmp_path):
     assert json.loads((tmp_path / "0" / "summary.json").read_text())["status"] == "completed"
 
 
+@pytest.mark.slow  # a CLI subprocess of 10-30 s; the default suite must stay under 10 minutes
 def test_a_clean_stop_prints_one_line_not_a_traceback(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "fedagg.run", "rounds=40", "device=cpu", "client.local_epochs=4",
                              "checkpoint_every=1", f"hydra.run.dir={tmp_path}"], cwd=ROOT, stdout=subprocess.PIPE,

@@ -59,6 +59,7 @@ def test_a_table_is_data_and_every_rendering_shows_the_same_cells(tmp_path):
     assert csv_lines[2].startswith("fedprox,digits,2,2,0,0,93.0,2.828427,0 1,")
 
 
+@pytest.mark.slow  # a CLI subprocess of 10-30 s; the default suite must stay under 10 minutes
 def test_one_command_line_prints_the_table_the_library_builds(tmp_path):
     import subprocess
     import sys

@@ -96,6 +96,7 @@ def test_bad_value_fails_before_any_data_is_loaded(tmp_path, small_run):
     assert not (tmp_path / "partition.json").exists()
 
 
+@pytest.mark.slow  # a CLI subprocess of 10-30 s; the default suite must stay under 10 minutes
 def test_command_line_run_and_multirun_sweep(tmp_path):
     run_dir, sweep_dir = tmp_path / "run", tmp_path / "sweep"
     cli = [sys.executable, "-m", "fedagg.run"]
