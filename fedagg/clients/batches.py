@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fedagg.clients.client import ClientData
-from fedagg.data.device import apply_crop_flip, draw_crop_flip
+from fedagg.data.device import apply_crop_flip, draw_crop_flip, targets
 from fedagg.data.seeding import generator
 
 Selection = slice | Tensor  # chunk positions of a group of clients: a range, or an index tensor
@@ -86,5 +86,5 @@ class BatchPlan:
         if self.crops is not None:
             x = apply_crop_flip(x, *(c[flat] for c in self.crops))
         x = self.data.prepare(x)
-        y = self.data.train_y[idx]
+        y = targets(self.data, "train", idx)
         return x, y

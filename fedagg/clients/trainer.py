@@ -118,7 +118,8 @@ class LocalSGD:
     def loss(self, logits: Tensor, y: Tensor, params: list[Tensor], anchor: list[Tensor],
              state: list[Tensor] | None) -> tuple[Tensor, Tensor]:
         """(what one client's step minimises on its batch, the task loss alone); `anchor` is the global model."""
-        task = F.cross_entropy(logits.float(), y)
+        # one prediction per sample ([B, C] against [B]) or per position ([B, T, C] against [B, T]), all averaged
+        task = F.cross_entropy(logits.float().flatten(0, -2), y.flatten())
         extra = self.objective.penalty(params, anchor, state)
         return (task if extra is None else task + extra), task.detach()
 

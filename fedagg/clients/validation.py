@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from fedagg.data.device import targets
+
 
 class ValidationPlan:
     def __init__(self, val_indices: list[Tensor], batch_size: int) -> None:
@@ -35,22 +37,31 @@ class ValidationPlan:
 
     @staticmethod
     def correct(logits: Tensor, y: Tensor, real: Tensor) -> Tensor:
-        """[K] right answers among the real samples of logits [K, b, C] against labels y [K, b]."""
-        return ((logits.argmax(-1) == y) & real).sum(1)
+        """[K] right answers among the real samples of logits [K, b, C] against labels y [K, b] (a sequence's
+        logits [K, b, T, C] against [K, b, T] count the share of its positions that are right)."""
+        right = (logits.argmax(-1) == y).view(*real.shape, -1)
+        if right.shape[-1] == 1:  # one label per sample: whole counts, as before sequences existed
+            return (right[..., 0] & real).sum(1)
+        return (right.double().mean(-1) * real).sum(1)
 
     def accuracy(self, correct: Tensor) -> Tensor:
         """[K] float32 accuracy from the counts (0 for a client with nothing held out)."""
         n = self.lengths.to(dtype=torch.float64)
         return torch.where(n > 0, correct.double() / n.clamp(min=1), 0.0).float()
 
+    @staticmethod
+    def counter(k: int, data, device) -> Tensor:
+        """[K] zeros to add `correct` into: whole counts, or fractions for token sequences."""
+        return torch.zeros(k, dtype=torch.float64 if getattr(data, "inputs", "images") == "tokens" else torch.long, device=device)
+
 
 @torch.no_grad()
 def score_model(model: nn.Module, data, val_idx: Tensor, batch_size: int) -> Tensor:
     """[1] accuracy of `model` as it stands on `val_idx`, in eval mode, in the batches a stack of one gets."""
     plan = ValidationPlan([val_idx], batch_size)
-    correct = torch.zeros(1, dtype=torch.long, device=val_idx.device)
+    correct = plan.counter(1, data, val_idx.device)
     model.eval()
     for idx, real in plan:
         logits = model(data.prepare(data.train_x[idx.reshape(-1)]))
-        correct += plan.correct(logits.view(1, idx.shape[1], -1), data.train_y[idx], real)
+        correct += plan.correct(logits.view(1, *idx.shape[1:], *logits.shape[1:]), targets(data, "train", idx), real)
     return plan.accuracy(correct)

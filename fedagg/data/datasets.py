@@ -31,37 +31,59 @@ class DatasetNotFoundError(FileNotFoundError):
     """A dataset's files are not where the config says; the message says how to fix it."""
 
 
+# What a dataset's samples are, and the tensor each split must be (fedagg.data.device prepares each kind):
+# images are normalised and augmented; vectors (Synthetic's features, [N, D, 1, 1]) are used as they are;
+# tokens [N, T + 1] are a sequence and the character after it, the model reading the first T and
+# predicting the last T (next-character targets at every position).
+INPUT_KINDS = {"images": (torch.uint8, 4, "uint8 [N, C, H, W]"), "vectors": (torch.float32, 4, "float32 [N, D, 1, 1]"),
+               "tokens": (torch.uint8, 2, "uint8 [N, T + 1]")}
+
+
 @dataclass
 class DatasetBundle:
     name: str
-    train_x: Tensor  # uint8 [N, C, H, W], CPU, contiguous
-    train_y: Tensor  # int64 [N]
+    train_x: Tensor  # uint8 [N, C, H, W], CPU, contiguous (other kinds: see INPUT_KINDS)
+    train_y: Tensor  # int64 [N]: the class (tokens: the character after the sequence)
     test_x: Tensor  # uint8 [M, C, H, W]
     test_y: Tensor  # int64 [M]
     num_classes: int
     mean: tuple[float, ...]  # per channel, on the 0-1 scale (x / 255)
     std: tuple[float, ...]
     augment: bool  # random crop (pad 4) + horizontal flip, applied on the device
+    inputs: str = "images"  # a key of INPUT_KINDS
+    # A federated dataset's own clients (partition=natural): the client each sample belongs to, [N] and [M],
+    # with every client's test samples in test_x; None for a centralised dataset.
+    train_owner: Tensor | None = None
+    test_owner: Tensor | None = None
 
     def __post_init__(self) -> None:
         # Hydra hands over ListConfig; plain floats keep the bundle picklable and printable.
         self.mean = tuple(float(v) for v in self.mean)
         self.std = tuple(float(v) for v in self.std)
         self.augment = bool(self.augment)
+        if self.inputs not in INPUT_KINDS:
+            raise ValueError(f"{self.name}: inputs={self.inputs!r}; it must be one of {', '.join(INPUT_KINDS)}")
+        dtype, dims, words = INPUT_KINDS[self.inputs]
         for split in ("train", "test"):
             x, y = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
-            if x.dtype != torch.uint8 or x.dim() != 4 or y.dtype != torch.int64 or len(x) != len(y):
-                raise ValueError(f"{self.name}: {split} set must be uint8 [N, C, H, W] with int64 [N] labels")
+            if x.dtype != dtype or x.dim() != dims or y.dtype != torch.int64 or len(x) != len(y):
+                raise ValueError(f"{self.name}: {split} set must be {words} with int64 [N] labels")
+            owner = getattr(self, f"{split}_owner")
+            if owner is not None and (owner.dtype != torch.int64 or owner.shape != y.shape):
+                raise ValueError(f"{self.name}: {split}_owner must be int64 [N], one client id per sample")
+        if (self.train_owner is None) != (self.test_owner is None):
+            raise ValueError(f"{self.name}: natural clients need both train_owner and test_owner")
         if len(self.mean) != self.in_channels or len(self.std) != self.in_channels:
             raise ValueError(f"{self.name}: mean and std need one value per channel ({self.in_channels})")
 
     @property
     def in_channels(self) -> int:
-        return self.train_x.shape[1]
+        return 1 if self.inputs == "tokens" else self.train_x.shape[1]
 
     @property
     def image_size(self) -> int:
-        return self.train_x.shape[2]
+        """The side of a square image; a token sequence's length (what a sequence model is built for)."""
+        return self.train_x.shape[1] - 1 if self.inputs == "tokens" else self.train_x.shape[2]
 
 
 def _not_found(name: str, folder: Path, expected: Sequence[str], how: str, problem: str | list[str]) -> DatasetNotFoundError:

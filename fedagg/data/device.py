@@ -31,15 +31,26 @@ def resolve_device(name: str) -> torch.device:
 
 
 class DeviceData:
-    def __init__(self, bundle, device: torch.device, input_shape: tuple[int, int, int]) -> None:
+    def __init__(self, bundle, device: torch.device, input_shape: tuple[int, ...]) -> None:
         self.name = bundle.name
         self.num_classes = bundle.num_classes
         self.augment = bool(bundle.augment)
+        self.inputs = getattr(bundle, "inputs", "images")  # DatasetBundle's INPUT_KINDS; plain namespaces are images
         self.device = device
         self.train_x = bundle.train_x.to(device)
         self.train_y = bundle.train_y.to(device)
         self.test_x = bundle.test_x.to(device)
         self.test_y = bundle.test_y.to(device)
+        # where clients' local test indices point: into the training pool (a share each client holds out), or
+        # into the test set, for a dataset whose clients bring their own test split (partition=natural)
+        self.local_tests = "train"
+        self.input_shape = tuple(input_shape)
+        if self.inputs != "images":  # features and token sequences are served as they are: the model must fit them
+            given = tuple(self.prepare(self.train_x[:1]).shape[1:])
+            if given != self.input_shape:
+                raise ValueError(f"the model expects inputs of shape {self.input_shape} but dataset {self.name!r} "
+                                 f"has {self.inputs} of shape {given}; choose a model built for {self.inputs}")
+            return
         channels = self.train_x.shape[1]
         self.mean = torch.tensor(bundle.mean, dtype=torch.float32, device=device).view(1, channels, 1, 1)
         self.std = torch.tensor(bundle.std, dtype=torch.float32, device=device).view(1, channels, 1, 1)
@@ -49,10 +60,14 @@ class DeviceData:
                 f"the model expects {want_c}-channel input but dataset {self.name!r} has {channels} channels; "
                 "only 1-channel images can be repeated to fit"
             )
-        self.input_shape = tuple(input_shape)
 
     def prepare(self, x: Tensor, *, augment: bool = False, generator: torch.Generator | None = None) -> Tensor:
-        """uint8 [B, C, H, W] -> float input of the model's shape."""
+        """Stored samples [B, ...] -> the model's input: uint8 images -> normalised float of the model's shape;
+        vectors as they are; token rows [B, T + 1] -> their first T tokens as int64."""
+        if self.inputs == "tokens":
+            return x[..., :-1].long()
+        if self.inputs == "vectors":
+            return x
         x = x.float().div_(255.0)
         if augment:
             x = random_crop_flip(x, generator)
@@ -66,7 +81,7 @@ class DeviceData:
 
     def train_batch(self, idx: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         x = self.prepare(self.train_x[idx], augment=self.augment, generator=generator)
-        return x, self.train_y[idx]
+        return x, targets(self, "train", idx)
 
     def eval_batches(self, idx: Tensor | None, batch_size: int, split: str = "test") -> Iterator[tuple[Tensor, Tensor]]:
         """Batches of the test set (idx None) or of training-pool indices (validation)."""
@@ -75,10 +90,25 @@ class DeviceData:
         for start in range(0, total, batch_size):
             sel = slice(start, start + batch_size)
             if idx is None:
-                yield self.prepare(xs[sel]), ys[sel]
+                yield self.prepare(xs[sel]), targets(self, split, sel)
             else:
                 part = idx[sel]
-                yield self.prepare(xs[part]), ys[part]
+                yield self.prepare(xs[part]), targets(self, split, part)
+
+
+# Functions of the data rather than DeviceData methods: the trainer and evaluation also run on
+# stand-ins that hold only images (train_x, train_y, prepare), which these read as images.
+def targets(data, split: str, idx: Tensor | slice) -> Tensor:
+    """What the model's output at `idx` (any shape) of `split` is scored against: the labels, or for
+    tokens the next character at every position ([..., T])."""
+    xs, ys = (data.test_x, data.test_y) if split == "test" else (data.train_x, data.train_y)
+    return xs[idx][..., 1:].long() if getattr(data, "inputs", "images") == "tokens" else ys[idx]
+
+
+def local_test(data, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """Inputs and targets of clients' local test samples `idx` (DeviceData.local_tests says where they are)."""
+    split = getattr(data, "local_tests", "train")
+    return data.prepare((data.test_x if split == "test" else data.train_x)[idx]), targets(data, split, idx)
 
 
 def random_crop_flip(x: Tensor, generator: torch.Generator | None) -> Tensor:

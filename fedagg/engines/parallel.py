@@ -23,6 +23,7 @@ from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.clients.validation import ValidationPlan
 from fedagg.config.constraints import Range, checked
+from fedagg.data.device import targets
 from fedagg.engines._packed import pack, stacked_channels_last
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
 from fedagg.engines.memory import CPU_CHUNK, auto_chunk_size
@@ -170,12 +171,12 @@ class ParallelEngine(Engine):
     def _accuracy(self, P: list[Tensor], Bf: list[Tensor], val_idx: list[Tensor], data) -> Tensor:
         """Accuracy of each trained client model [K] on its own indices, in eval mode, evaluated together."""
         plan = ValidationPlan(val_idx, self.eval_batch_size)
-        correct = torch.zeros(len(val_idx), dtype=torch.long, device=P[0].device)
+        correct = plan.counter(len(val_idx), data, P[0].device)
         self._packed.eval()
         for idx, real in plan:
             x = data.prepare(data.train_x[idx.reshape(-1)])
             with self._autocast(P[0].device):
                 logits = self._eval_fn(P, Bf, x.view(*idx.shape, *x.shape[1:]))
-            correct += plan.correct(logits, data.train_y[idx], real)
+            correct += plan.correct(logits, targets(data, "train", idx), real)
         self._packed.train()
         return plan.accuracy(correct)

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedagg.data.device import local_test
+
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> tuple[float, float]:
@@ -17,9 +19,9 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> tupl
     loss_sum = torch.zeros(())
     count = 0
     for x, y in batches:
-        logits = model(x)
-        correct = correct.to(y.device) + (logits.argmax(1) == y).sum()
-        loss_sum = loss_sum.to(y.device) + F.cross_entropy(logits.float(), y, reduction="sum")
+        logits = model(x)  # [B, C], or [B, T, C] for a sequence scored at every position
+        correct = correct.to(y.device) + (logits.argmax(-1) == y).sum()
+        loss_sum = loss_sum.to(y.device) + F.cross_entropy(logits.float().flatten(0, -2), y.flatten(), reduction="sum")
         count += y.numel()
     if count == 0:
         return 0.0, float("nan")
@@ -36,8 +38,9 @@ def per_client_accuracy(model: nn.Module, data, test_idx: list[Tensor], batch_si
     model.eval()
     for start in range(0, idx.numel(), batch_size):
         part = idx[start:start + batch_size]
-        right = model(data.prepare(data.train_x[part])).argmax(1) == data.train_y[part]
-        correct.index_add_(0, owner[start:start + batch_size], right.float())
+        x, y = local_test(data, part)
+        right = (model(x).argmax(-1) == y).float().view(part.numel(), -1).mean(1)  # a sequence: its positions' share
+        correct.index_add_(0, owner[start:start + batch_size], right)
     return correct / sizes.clamp(min=1)
 
 
