@@ -21,6 +21,7 @@ from fedagg.attacks.base import Attack
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
+from fedagg.data.natural import own_test_splits, split_pool, takes_owners
 from fedagg.data.partition_report import partition_stats
 from fedagg.data.seeding import generator
 from fedagg.engines.base import Engine
@@ -123,10 +124,20 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     bundle = parts.dataset(root=str(Path(data_root).expanduser()), download=download)
     server_idx, pool = hold_out_server_split(bundle.train_y.numel(), needs.server_samples, settings.seed)
     pool_labels = bundle.train_y[pool]
-    split = parts.partition(pool_labels, settings.num_clients, generator=generator(settings.seed, "partition"))
-    split, test_subset = shrink(split, bundle.test_y.numel(), experiment_scale, settings.seed)
-    if test_subset is not None:
-        bundle.test_x, bundle.test_y = bundle.test_x[test_subset], bundle.test_y[test_subset]
+    owners = None if bundle.train_owner is None else bundle.train_owner[pool]
+    split = split_pool(parts.partition, pool_labels, settings.num_clients, generator(settings.seed, "partition"), owners)
+    natural = takes_owners(parts.partition)
+    if natural:  # the test set becomes the union of these clients' own test splits
+        split, _ = shrink(split, 0, experiment_scale, settings.seed)
+        own, _ = shrink(own_test_splits([int(owners[p[0]]) for p in split], bundle.test_owner), 0, experiment_scale,
+                        settings.seed)
+        order = torch.cat(own)
+        bundle.test_x, bundle.test_y = bundle.test_x[order], bundle.test_y[order]
+        own = list(torch.arange(order.numel()).split([t.numel() for t in own]))
+    else:
+        split, test_subset = shrink(split, bundle.test_y.numel(), experiment_scale, settings.seed)
+        if test_subset is not None:
+            bundle.test_x, bundle.test_y = bundle.test_x[test_subset], bundle.test_y[test_subset]
     stats = partition_stats(pool_labels, split, bundle.num_classes)
     model = build_model(parts.model, bundle, settings.seed, device)
     data = DeviceData(bundle, device, model.input_shape)
@@ -135,8 +146,15 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
                     "(e.g. a CIFAR stem) may suit them better", type(model).__name__, *model.input_shape[1:],
                     bundle.name, bundle.image_size, bundle.image_size, model.input_shape[1] // bundle.image_size)
     val_frac = effective_val_frac(parts.client.val_frac, needs)
-    test_frac = effective_test_frac(parts.client.test_frac, settings.eval_per_client)
+    if natural and parts.client.test_frac is not None:
+        raise ValueError(f"client.test_frac={parts.client.test_frac} is not used with partition=natural: each client "
+                         "is scored on its own test split from the dataset; leave client.test_frac null")
+    test_frac = 0.0 if natural else effective_test_frac(parts.client.test_frac, settings.eval_per_client)
     clients = make_clients([pool[p] for p in split], val_frac, settings.seed, device, test_frac)
+    if natural:
+        data.local_tests = "test"
+        for client, test in zip(clients, own):
+            client.test_idx = test.to(device)
     server_idx = server_idx.to(device)
     check_needs(needs, clients, server_idx, val_frac, type(parts.aggregator).__name__)
     corrupted = parts.attack.corrupted_clients(settings.seed, settings.num_clients)
