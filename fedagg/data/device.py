@@ -51,6 +51,9 @@ class DeviceData:
                 raise ValueError(f"the model expects inputs of shape {self.input_shape} but dataset {self.name!r} "
                                  f"has {self.inputs} of shape {given}; choose a model built for {self.inputs}")
             return
+        if len(self.input_shape) != 3:
+            raise ValueError(f"the model expects inputs of shape {self.input_shape} but dataset {self.name!r} has "
+                             "images; choose a model built for images")
         channels = self.train_x.shape[1]
         self.mean = torch.tensor(bundle.mean, dtype=torch.float32, device=device).view(1, channels, 1, 1)
         self.std = torch.tensor(bundle.std, dtype=torch.float32, device=device).view(1, channels, 1, 1)

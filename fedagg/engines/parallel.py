@@ -149,7 +149,7 @@ class ParallelEngine(Engine):
         for t in range(len(plan)):
             for n, sel in plan.groups[t]:
                 x, y = plan.batch(t, n, sel)
-                x, y = x.view(-1, n, *x.shape[1:]), y.view(-1, n)  # [g, n, ...]: one batch per client
+                x, y = x.view(-1, n, *x.shape[1:]), y.view(-1, n, *y.shape[1:])  # [g, n, ...]: one batch per client
                 leaves = [p[sel].detach().requires_grad_() for p in P]
                 buffers = [b[sel] for b in Bf]  # BatchNorm updates these in place
                 fns = self._compiled if self._compiled is not None and n == plan.batch_size else self._train_fns

@@ -141,7 +141,7 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     stats = partition_stats(pool_labels, split, bundle.num_classes)
     model = build_model(parts.model, bundle, settings.seed, device)
     data = DeviceData(bundle, device, model.input_shape)
-    if model.input_shape[1] >= 4 * bundle.image_size:  # the model was built for much larger images
+    if len(model.input_shape) == 3 and model.input_shape[1] >= 4 * bundle.image_size:  # built for much larger images
         log.warning("%s takes %dx%d inputs: %s's %dx%d images are upsampled %dx; a backbone for small images "
                     "(e.g. a CIFAR stem) may suit them better", type(model).__name__, *model.input_shape[1:],
                     bundle.name, bundle.image_size, bundle.image_size, model.input_shape[1] // bundle.image_size)
