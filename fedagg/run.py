@@ -241,6 +241,7 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
                          f"differ: resume it with device={started}, or start a new run")
     fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale,
                    download=cfg.data.download)
+    settings = fed.settings  # num_clients=null is now the dataset's number of clients
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     save_partition_report(fed.partition, run_dir)
     return fed, settings, checkpoint

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +21,7 @@ from fedagg.attacks.base import Attack
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
-from fedagg.data.natural import own_test_splits, split_pool, takes_owners
+from fedagg.data.natural import natural as natural_partition, own_test_splits, split_pool, takes_owners
 from fedagg.data.partition_report import partition_stats
 from fedagg.data.seeding import generator
 from fedagg.engines.base import Engine
@@ -64,6 +64,7 @@ class Federation:
     system: System = field(default_factory=System)
     attack: Attack = field(default_factory=Attack)
     corrupted: list[int] = field(default_factory=list)  # ids of the corrupted clients
+    settings: Settings | None = None  # as run: num_clients=None resolved to the dataset's number of clients
 
 
 def connect(parts: Parts, settings: Settings) -> None:
@@ -119,9 +120,19 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
              download: bool = False) -> Federation:
     """Load the data onto `device`, hold out the server's samples, partition the rest into clients
     (each with its validation split) and build the initial model, every step from its own stream."""
+    bundle = None
+    if settings.num_clients is None:  # all of the dataset's own clients: how many is known once it is loaded
+        if not takes_owners(parts.partition):
+            raise ValueError("num_clients=None is only allowed with partition=natural (all of a federated dataset's "
+                             "own clients); give the number of clients to split the data into")
+        bundle = parts.dataset(root=str(Path(data_root).expanduser()), download=download)
+        if bundle.train_owner is None:
+            natural_partition(bundle.train_y, 1, generator=torch.Generator())  # raises the one-line error for such a dataset
+        settings = replace(settings, num_clients=int(bundle.train_owner.unique().numel()))
     connect(parts, settings)
     needs = parts.aggregator.needs
-    bundle = parts.dataset(root=str(Path(data_root).expanduser()), download=download)
+    if bundle is None:
+        bundle = parts.dataset(root=str(Path(data_root).expanduser()), download=download)
     server_idx, pool = hold_out_server_split(bundle.train_y.numel(), needs.server_samples, settings.seed)
     pool_labels = bundle.train_y[pool]
     owners = None if bundle.train_owner is None else bundle.train_owner[pool]
@@ -162,4 +173,4 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
         own = torch.cat([torch.cat([clients[i].train_idx, clients[i].val_idx]) for i in corrupted])
         data.train_y = parts.attack.poison_labels(data.train_y, own, data.num_classes)
     return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
-                      parts.system, parts.attack, corrupted)
+                      parts.system, parts.attack, corrupted, settings)

@@ -48,7 +48,7 @@ class EvalKeys:
 class TopLevel:
     seed: int = MISSING
     rounds: int = MISSING
-    num_clients: int = MISSING
+    num_clients: Optional[int] = MISSING  # null: all of a federated dataset's own clients
     clients_per_round: Optional[int] = MISSING
     device: str = MISSING
     eval_every: int = MISSING

@@ -17,7 +17,7 @@ class Settings:
 
     seed: int = 0
     rounds: int = 20
-    num_clients: int = 10
+    num_clients: int | None = 10  # None: all of the dataset's own clients, resolved when the data is loaded
     clients_per_round: int | None = None
     eval_every: int = 1
     target_acc: float | None = None
@@ -32,8 +32,9 @@ class Settings:
 
         need(isinstance(self.seed, int), "seed", self.seed, "it must be an integer")
         need(isinstance(self.rounds, int) and self.rounds >= 1, "rounds", self.rounds, "it must be an integer >= 1")
-        need(isinstance(self.num_clients, int) and self.num_clients >= 1, "num_clients", self.num_clients, "it must be an integer >= 1")
-        if self.clients_per_round is not None:
+        need(self.num_clients is None or isinstance(self.num_clients, int) and self.num_clients >= 1, "num_clients",
+             self.num_clients, "it must be an integer >= 1, or null for all of a federated dataset's own clients")
+        if self.clients_per_round is not None and self.num_clients is not None:
             need(
                 isinstance(self.clients_per_round, int) and 1 <= self.clients_per_round <= self.num_clients,
                 "clients_per_round",
