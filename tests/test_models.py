@@ -41,7 +41,10 @@ CASES = [
     ("resnet18", DIGITS, {"input_size": None}, (3, 8, 8)),  # stock stem, no upsampling
     ("resnet34", CIFAR100, {}, (3, 224, 224)),
     ("resnet34", CIFAR10, {"stem": "cifar"}, (3, 32, 32)),
+    ("cnn_femnist", dict(num_classes=62, in_channels=1, image_size=28), {}, (1, 28, 28)),
+    ("cnn_femnist", CIFAR10, {}, (3, 32, 32)),
 ]
+SEQUENCE_MODELS = {"lstm_shakespeare"}  # token ids in, logits per position out: tests/test_natural.py
 
 
 def build(name, dataset, **overrides):
@@ -55,7 +58,7 @@ def n_params(model):
 
 
 def test_every_yaml_is_covered():
-    assert {p.stem for p in CONF.glob("*.yaml")} == {c[0] for c in CASES}
+    assert {p.stem for p in CONF.glob("*.yaml")} == {c[0] for c in CASES} | SEQUENCE_MODELS
 
 
 @pytest.mark.parametrize("name,dataset,overrides,shape", CASES,

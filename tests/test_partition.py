@@ -280,11 +280,12 @@ def test_save_partition_report_writes_json_and_png(tmp_path):
 
 def test_every_yaml_instantiates_to_a_valid_split():
     names = sorted(p.stem for p in CONF.glob("*.yaml"))
-    assert names == ["dirichlet", "iid", "mixed", "n_class", "power_law", "shards"]
+    assert names == ["dirichlet", "iid", "mixed", "n_class", "natural", "power_law", "shards"]
     labels = make_labels(per_class=4000)  # mixed's defaults (600 a client, random classes) fit any draw, as on MNIST
     for name in names:
         fn = instantiate(OmegaConf.load(CONF / f"{name}.yaml"))
-        assert_valid(fn(labels, 10, generator=torch.Generator().manual_seed(0)), 10, labels.numel())
+        owners = {"owners": torch.arange(labels.numel()) % 13} if name == "natural" else {}  # a dataset's own clients
+        assert_valid(fn(labels, 10, generator=torch.Generator().manual_seed(0), **owners), 10, labels.numel())
 
 
 def test_messages_name_the_partition_keys_as_the_command_line_spells_them():
