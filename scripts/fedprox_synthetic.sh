@@ -3,7 +3,7 @@
 # and App. C.2): 30 devices, MLR, 10 devices a round, SGD lr 0.01, batch 10, E = 20 local epochs,
 # 200 rounds; seeds 0, 1, 2 (the data is the same for every seed: dataset.seed). The sequential engine:
 # on a CPU it is the faster one for MLR's many tiny batches. Prints the final and best test accuracy
-# and the final training loss per method (mean and spread over the seeds), and how often the global
+# and the final training loss per method (mean and spread over the seeds), and how often the clients' mean
 # training loss rose by more than 10% from one round to the next (FedProx's claim: the proximal term
 # makes training on heterogeneous devices more stable).
 #
