@@ -16,6 +16,7 @@ from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSolver
 from fedagg.engines.base import RoundResult
 from fedagg.clients.validation import score_model
+from fedagg.data.device import targets
 from fedagg.models.flat import ParamLayout, set_buffers, set_params
 
 
@@ -70,7 +71,7 @@ class InputsProvider:
     def _server(self, buffers: Tensor) -> ServerData:
         set_buffers(self.model, buffers)  # the global statistics, as named tensors
         copies = {name: b.detach().clone() for name, b in self.model.named_buffers()}
-        return ServerData(x=self.server_x, y=self.data.train_y[self.server_idx], model=self.model, buffers=copies)
+        return ServerData(x=self.server_x, y=targets(self.data, "train", self.server_idx), model=self.model, buffers=copies)
 
     def inputs(self, params: Tensor, buffers: Tensor, result: RoundResult, ids: list[int], round: int,
                lr: float, block_rows: int | None = None) -> RoundInputs:
