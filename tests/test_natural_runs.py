@@ -38,8 +38,9 @@ def _two_rounds(tmp_path, name, overrides):
 
 
 def test_synthetic_runs_all_its_devices_in_both_engines(tmp_path):
-    out = _two_rounds(tmp_path, "synthetic", ["model=mlr", "num_clients=null", "clients_per_round=10"])
-    assert out["sequential"][1] == 30  # num_clients=null: every device
+    out = _two_rounds(tmp_path, "synthetic", ["model=mlr", "dataset.num_devices=12", "num_clients=null",
+                                              "clients_per_round=4"])
+    assert out["sequential"][1] == 12  # num_clients=null: every device
 
 
 @pytest.mark.slow
