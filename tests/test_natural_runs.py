@@ -2,7 +2,6 @@
 (its YAML picks partition=natural) and, for FEMNIST and Shakespeare, small files in LEAF's layout."""
 
 import csv
-import json
 
 import pytest
 
