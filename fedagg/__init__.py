@@ -1,6 +1,7 @@
 """fedagg: simulate federated learning on one device and compare aggregation rules.
 
-The public API: `Aggregator` (FedAvg semantics; a method overrides one step), the
+The public API: `Aggregator` (FedAvg semantics; a method overrides one step) and the
+`AggregateResult` its `aggregate` returns, the
 `RoundInputs` it receives and the `Needs` it declares, the constraints a constructor states in
 its signature (`Range`, `Items`, `Flag`, and `checked` to enforce them when it is built from
 Python), and `run_experiment`, which runs what `python -m fedagg.run` runs and returns the
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedagg.aggregators.base import Aggregator, FedAvg
+from fedagg.aggregators.base import AggregateResult, Aggregator, FedAvg
 from fedagg.aggregators.inputs import Needs, RoundInputs, ServerData
 from fedagg.config.constraints import Flag, Items, Range, checked
 
 __version__ = "0.1.0"
-__all__ = ["Aggregator", "FedAvg", "Flag", "Items", "Needs", "Range", "RoundInputs", "ServerData", "checked",
+__all__ = ["AggregateResult", "Aggregator", "FedAvg", "Flag", "Items", "Needs", "Range", "RoundInputs", "ServerData", "checked",
            "run_experiment"]
 
 

@@ -42,55 +42,59 @@ def ida_weights(W, ref, eps=1e-8):
     ids=["abavg", "acc_inverse", "acc_inverse_floor", "ida_mean", "ida_large_eps", "ida_global"],
 )
 def test_weights_and_new_global_match_spec(agg, expected):
-    new = run(agg)
-    assert np.allclose(agg.last_weights.numpy(), expected, atol=1e-6)
+    res = run(agg)
+    new = res.params
+    assert np.allclose(res.weights.numpy(), expected, atol=1e-6)
     assert np.allclose(new.numpy(), combine(expected), atol=1e-5)
-    assert (agg.last_weights >= 0).all() and torch.allclose(agg.last_weights.sum(), torch.tensor(1.0))
+    assert (res.weights >= 0).all() and torch.allclose(res.weights.sum(), torch.tensor(1.0))
 
 
 def test_the_weights_follow_accuracy_not_size():
     # same accuracies, different sizes: identical weights; and a swap of accuracies swaps the weights
     for agg in (ABAVG(), AccInverse()):
-        run(agg, n=torch.tensor([1, 1, 1]))
-        first = agg.last_weights.clone()
-        run(agg, n=torch.tensor([100, 1, 7]))
-        assert torch.equal(agg.last_weights, first)
-        run(agg, acc=ACC.flip(0))
+        res = run(agg, n=torch.tensor([1, 1, 1]))
+        first = res.weights.clone()
+        res = run(agg, n=torch.tensor([100, 1, 7]))
+        assert torch.equal(res.weights, first)
+        res = run(agg, acc=ACC.flip(0))
         # flipped accuracies are normalised by a sum taken in the other order: equal up to rounding
-        torch.testing.assert_close(agg.last_weights, first.flip(0), rtol=0, atol=1e-7)
+        torch.testing.assert_close(res.weights, first.flip(0), rtol=0, atol=1e-7)
 
 
 def test_accuracy_guards():
     abavg = ABAVG()
-    out = run(abavg, acc=torch.zeros(3))  # nobody validates: uniform, not 0/0
-    assert torch.equal(abavg.last_weights, torch.full((3,), 1 / 3)) and torch.isfinite(out).all()
+    abavg_res = run(abavg, acc=torch.zeros(3))  # nobody validates: uniform, not 0/0
+    out = abavg_res.params
+    assert torch.equal(abavg_res.weights, torch.full((3,), 1 / 3)) and torch.isfinite(out).all()
     inv = AccInverse(eps=1e-8)
-    run(inv, acc=torch.tensor([0.0, 0.5, 0.25]))  # 1/max(acc, eps): 1e8, 2, 4
-    assert np.allclose(inv.last_weights.numpy(), np.array([1e8, 2, 4]) / (1e8 + 6), rtol=1e-6)
+    inv_res = run(inv, acc=torch.tensor([0.0, 0.5, 0.25]))  # 1/max(acc, eps): 1e8, 2, 4
+    assert np.allclose(inv_res.weights.numpy(), np.array([1e8, 2, 4]) / (1e8 + 6), rtol=1e-6)
     inv = AccInverse(eps=0.1)
-    run(inv, acc=torch.zeros(3))
-    assert torch.allclose(inv.last_weights, torch.full((3,), 1 / 3))
+    inv_res = run(inv, acc=torch.zeros(3))
+    assert torch.allclose(inv_res.weights, torch.full((3,), 1 / 3))
 
 
 def test_ida_guards():
     ida = IDA()
-    same = run(ida, W=CLIENTS[:1].repeat(3, 1))  # every distance 0: uniform
-    assert torch.equal(ida.last_weights, torch.full((3,), 1 / 3)) and torch.allclose(same, CLIENTS[0], atol=1e-6)
+    ida_res = run(ida, W=CLIENTS[:1].repeat(3, 1))  # every distance 0: uniform
+    same = ida_res.params
+    assert torch.equal(ida_res.weights, torch.full((3,), 1 / 3)) and torch.allclose(same, CLIENTS[0], atol=1e-6)
     # client 2 sits on the mean: distance 0, weight 1/eps dominates but stays finite
     on_mean = torch.stack([CLIENTS[0], CLIENTS[1], (CLIENTS[0] + CLIENTS[1]) / 2])
-    run(ida, W=on_mean)
-    assert torch.isfinite(ida.last_weights).all() and ida.last_weights[2] > 0.99
+    ida_res = run(ida, W=on_mean)
+    assert torch.isfinite(ida_res.weights).all() and ida_res.weights[2] > 0.99
     glob = IDA(reference="global")
-    assert torch.equal(run(glob, W=W0.repeat(3, 1)), W0)  # nobody moved: uniform over zero updates
+    assert torch.equal(run(glob, W=W0.repeat(3, 1)).params, W0)  # nobody moved: uniform over zero updates
 
 
 @pytest.mark.parametrize("make", [ABAVG, AccInverse, IDA])
 def test_identical_clients_and_single_client(make):
     agg = make()
-    assert torch.allclose(run(agg, W=CLIENTS[1:2].repeat(3, 1)), CLIENTS[1], atol=1e-6)
+    assert torch.allclose(run(agg, W=CLIENTS[1:2].repeat(3, 1)).params, CLIENTS[1], atol=1e-6)
     one = make()
-    out = run(one, W=CLIENTS[1:2], acc=ACC[1:2], n=SAMPLES[1:2], ids=IDS[1:2])
-    assert torch.allclose(out, CLIENTS[1], atol=1e-6) and torch.equal(one.last_weights, torch.ones(1))
+    one_res = run(one, W=CLIENTS[1:2], acc=ACC[1:2], n=SAMPLES[1:2], ids=IDS[1:2])
+    out = one_res.params
+    assert torch.allclose(out, CLIENTS[1], atol=1e-6) and torch.equal(one_res.weights, torch.ones(1))
     assert agg.state_dict() == {}
 
 

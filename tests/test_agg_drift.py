@@ -84,7 +84,8 @@ def test_scaffold_two_rounds_with_partial_participation_and_unequal_steps():
         sent = [half.after_training(i, row, w, LocalWork(s, lr)) for i, row, s in zip(ids, trained, steps)]
         inputs = RoundInputs.of(w, trained, client_ids=torch.tensor(ids), all_num_samples=torch.ones(n_total),
                                 payloads={"delta_c": torch.stack([x["delta_c"] for x in sent])})
-        new = agg.aggregate(inputs)
+        res = agg.aggregate(inputs)
+        new = res.params
         deltas = []
         for i, row, s in zip(ids, trained, steps):  # the reference, by client id
             old = ck_ref.get(i, np.zeros(p))
@@ -94,7 +95,7 @@ def test_scaffold_two_rounds_with_partial_participation_and_unequal_steps():
         expected = np64(w) + 1.5 * (np64(trained) - np64(w)).mean(axis=0)  # uniform p, eta_g = 1.5
         assert np.allclose(new.double().numpy(), expected, atol=1e-5)
         assert np.allclose(half.c.double().numpy(), c_ref, atol=1e-5)
-        assert torch.allclose(agg.last_weights, torch.full((len(ids),), 1 / len(ids)))
+        assert torch.allclose(res.weights, torch.full((len(ids),), 1 / len(ids)))
         w = new
     assert set(half.variates) == {0, 1, 2, 3}
     assert all(np.allclose(half.variates[i].double().numpy(), ck_ref[i], atol=1e-5) for i in ck_ref)
@@ -137,7 +138,8 @@ def fednova_inputs(steps, solver=PLAIN, lr=0.05):
 def test_fednova_server_step_matches_hand_computation(solver):
     steps, lr = [2, 5, 3], 0.05
     agg = FedNova()
-    new = agg.aggregate(fednova_inputs(steps, solver, lr))
+    res = agg.aggregate(fednova_inputs(steps, solver, lr))
+    new = res.params
     tau = np.array(steps, np.float64)
     rho, mu = solver.momentum, solver.proximal_mu
     a = (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho) if rho else ((1 - (1 - lr * mu) ** tau) / (lr * mu) if mu else tau)
@@ -146,16 +148,16 @@ def test_fednova_server_step_matches_hand_computation(solver):
     expected = np64(W) + tau_eff * (p / a) @ (np64(CLIENTS) - np64(W))  # w + tau_eff sum_k p_k Delta_k / a_k
     assert np.allclose(new.double().numpy(), expected, atol=1e-6)
     q = p * tau_eff / a
-    assert np.allclose(agg.last_weights.double().numpy(), q / q.sum(), atol=1e-6)
+    assert np.allclose(res.weights.double().numpy(), q / q.sum(), atol=1e-6)
     assert agg.take_diagnostics() == pytest.approx({"tau_eff": tau_eff, "step_scale": q.sum()}, rel=1e-6)
     assert not np.allclose(q / q.sum(), p)  # the longer client really counts less
 
 
 def test_fednova_with_equal_steps_and_plain_sgd_is_fedavg_exactly():
     nova, avg = FedNova(), FedAvg()
-    a, b = nova.aggregate(fednova_inputs([4, 4, 4])), avg.aggregate(RoundInputs.of(W, CLIENTS, num_samples=SAMPLES))
-    assert torch.equal(a, b)
-    torch.testing.assert_close(nova.last_weights, avg.last_weights)
+    nova_res, avg_res = nova.aggregate(fednova_inputs([4, 4, 4])), avg.aggregate(RoundInputs.of(W, CLIENTS, num_samples=SAMPLES))
+    assert torch.equal(nova_res.params, avg_res.params)
+    torch.testing.assert_close(nova_res.weights, avg_res.weights)
 
 
 @pytest.mark.parametrize("solver, key", [
@@ -176,24 +178,27 @@ def test_fednova_accepts_weight_decay_which_is_part_of_the_local_objective():
 def test_fedexp_extrapolates_when_updates_disagree():
     w = torch.tensor([1.0, 1.0, 1.0])
     agg = FedExP()
-    new = agg.aggregate(RoundInputs.of(w, w + torch.eye(3)))
+    res = agg.aggregate(RoundInputs.of(w, w + torch.eye(3)))
+    new = res.params
     # three orthogonal unit updates: ||mean||^2 = 1/3, sum of ||Delta_k||^2 = 3, K = 3
     eta = 3 / (2 * 3 * (1 / 3 + 1e-3))
     assert eta > 1.49 and agg.take_diagnostics() == {"server_lr": pytest.approx(eta)}
     assert torch.allclose(new, w + eta * torch.full((3,), 1 / 3))
-    assert torch.equal(agg.evaluated_params(new), new)  # round 1: nothing earlier to average with (the code)
-    assert torch.allclose(agg.last_weights, torch.full((3,), 1 / 3))
-    later = agg.aggregate(RoundInputs.of(new, new + torch.eye(3), round=2))
-    assert torch.allclose(agg.evaluated_params(later), (new + later) / 2)  # the mean of the last two global models
+    assert torch.equal(res.tested_params(), new)  # round 1: nothing earlier to average with (the code)
+    assert torch.allclose(res.weights, torch.full((3,), 1 / 3))
+    res = agg.aggregate(RoundInputs.of(new, new + torch.eye(3), round=2))
+    later = res.params
+    assert torch.allclose(res.tested_params(), (new + later) / 2)  # the mean of the last two global models
 
 
 def test_fedexp_never_steps_less_than_fedavg():
     w = torch.zeros(3)
     agg = FedExP(evaluate="global")
     same = torch.tensor([[0.3, -0.2, 0.1]] * 4)  # agreeing clients: the ratio is about 1/2, clipped to 1
-    new = agg.aggregate(RoundInputs.of(w, same))
+    res = agg.aggregate(RoundInputs.of(w, same))
+    new = res.params
     assert agg.take_diagnostics() == {"server_lr": 1.0} and torch.allclose(new, same[0])
-    assert agg.evaluated_params(new) is new
+    assert res.tested_params() is new
     with pytest.raises(ValueError, match=r"aggregator.evaluate='best' is not allowed"):
         FedExP(evaluate="best")
     with pytest.raises(ValueError, match=r"aggregator.eps=0 is not allowed"):
@@ -206,7 +211,8 @@ def test_fedexp_eps_decays_by_its_factor_every_round_from_round_one():
     # eps = 1/3, decay 1/2: round 2 uses eps / 4 = 1/12, eta = 1/2 / (5/12) = 1.2 (no decay: 0.75, clipped to 1;
     # a decay that starts one round late, eps / 2 = 1/6: eta = 1.0)
     agg = FedExP(eps=1 / 3, eps_decay=0.5, evaluate="global")
-    new = agg.aggregate(RoundInputs.of(w, w + torch.eye(3), round=2))
+    res = agg.aggregate(RoundInputs.of(w, w + torch.eye(3), round=2))
+    new = res.params
     assert agg.take_diagnostics()["server_lr"] == pytest.approx(1.2, rel=1e-6)
     torch.testing.assert_close(new, w + 0.4)
     assert FedExP(eps=1 / 3).eps_decay == 1.0  # the default keeps a fixed eps (SPEC)
@@ -230,10 +236,11 @@ def test_fedexp_weighting_by_samples_weights_the_mean_and_the_norms():
     # eps = 0.0625: eta = 5.5 / (2 (0.625 + 0.0625)) = 4, so w + 4 (0.25, 0.75) = w + (1, 3)
     # (uniform: 18 / (4 * 2.5625) = 1.756; weighted mean with unweighted norms: 9 / 1.375 = 6.55)
     agg = FedExP(eps=0.0625, weighting="samples")
-    new = agg.aggregate(RoundInputs.of(w, clients, num_samples=torch.tensor([1, 3])))
+    res = agg.aggregate(RoundInputs.of(w, clients, num_samples=torch.tensor([1, 3])))
+    new = res.params
     assert agg.take_diagnostics()["server_lr"] == pytest.approx(4.0, rel=1e-6)
     torch.testing.assert_close(new, w + torch.tensor([1.0, 3.0]))
-    torch.testing.assert_close(agg.last_weights, torch.tensor([0.25, 0.75]))
+    torch.testing.assert_close(res.weights, torch.tensor([0.25, 0.75]))
 
 
 def test_fedexp_with_every_code_reading_is_the_authors_step():
@@ -241,7 +248,8 @@ def test_fedexp_with_every_code_reading_is_the_authors_step():
     w, deltas, n = torch.randn(20, generator=g), torch.randn(8, 20, generator=g), torch.tensor([5, 1, 9, 3, 4, 7, 2, 6])
     eps_code, decay, r = 0.1, 0.998**2, 3
     agg = FedExP(eps=eps_code, eps_decay=decay, eps_per_client=True, weighting="samples")
-    new = agg.aggregate(RoundInputs.of(w, w + deltas, num_samples=n, round=r))
+    res = agg.aggregate(RoundInputs.of(w, w + deltas, num_samples=n, round=r))
+    new = res.params
     # main.py: p_i by data share, grad_avg = sum p_i Delta_i / sum p_i, grad_norm_avg the same mean of ||Delta_i||^2,
     # eta = max(1, 0.5 grad_norm_avg / (||grad_avg||^2 + S eps)), eps multiplied by 0.998^2 before every round
     p = n.double() / n.sum()
@@ -277,17 +285,18 @@ def test_fednova_tau_eff_from_steps_with_a_proximal_term():
     #   update = 0.4375 (1, 0, 2) + 0.875 (0, 2, -1) = (0.4375, 1.75, 0)
     # SPEC: tau_eff = 1/4 * 1 + 3/4 * 1.5 = 1.375, q = (0.34375, 0.6875), update (0.34375, 1.375, 0)
     code, spec = FedNova(tau_eff="steps"), FedNova()
-    torch.testing.assert_close(code.aggregate(inputs), NOVA_W + torch.tensor([0.4375, 1.75, 0.0]))
+    code_res = code.aggregate(inputs)
+    torch.testing.assert_close(code_res.params, NOVA_W + torch.tensor([0.4375, 1.75, 0.0]))
     assert code.take_diagnostics() == pytest.approx({"tau_eff": 1.75, "step_scale": 1.3125})
-    torch.testing.assert_close(code.last_weights, torch.tensor([1 / 3, 2 / 3]))
-    torch.testing.assert_close(spec.aggregate(inputs), NOVA_W + torch.tensor([0.34375, 1.375, 0.0]))
+    torch.testing.assert_close(code_res.weights, torch.tensor([1 / 3, 2 / 3]))
+    torch.testing.assert_close(spec.aggregate(inputs).params, NOVA_W + torch.tensor([0.34375, 1.375, 0.0]))
     assert spec.take_diagnostics()["tau_eff"] == pytest.approx(1.375)
 
 
 def test_fednova_tau_eff_from_steps_changes_nothing_without_a_proximal_term():
     momentum = LocalSolver(0.9, False, 0.0, 0.0, False)  # the code's tau_eff is sum p_k a_k here as well
     inputs = fednova_inputs([2, 5, 3], momentum)
-    assert torch.equal(FedNova(tau_eff="steps").aggregate(inputs), FedNova().aggregate(inputs))  # one code path
+    assert torch.equal(FedNova(tau_eff="steps").aggregate(inputs).params, FedNova().aggregate(inputs).params)  # one code path
 
 
 def nova_round(agg, w, deltas, lr, r):
@@ -302,16 +311,18 @@ def test_fednova_server_momentum_follows_the_codes_buffer():
     # (momentum in parameter units, m2 = 0.5 U1 + U2, would give (1.75, 1.5, 1.75); gmf = 0: (1.5, 1, 1.5))
     w0, second = torch.zeros(3), torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 2.0]])
     agg = FedNova(gmf=0.5)
-    w1 = nova_round(agg, w0, NOVA_DELTAS, 0.1, 1)
+    res = nova_round(agg, w0, NOVA_DELTAS, 0.1, 1)
+    w1 = res.params
     torch.testing.assert_close(w1, torch.tensor([0.5, 1.0, 0.5]))
     state = agg.state_dict()
-    w2 = nova_round(agg, w1, second, 0.2, 2)
+    res = nova_round(agg, w1, second, 0.2, 2)
+    w2 = res.params
     torch.testing.assert_close(w2, torch.tensor([2.0, 2.0, 2.0]))
     resumed = FedNova(gmf=0.5)
     resumed.load_state_dict(state)
-    assert torch.equal(nova_round(resumed, w1, second, 0.2, 2), w2)  # the buffer survives a checkpoint
+    assert torch.equal(nova_round(resumed, w1, second, 0.2, 2).params, w2)  # the buffer survives a checkpoint
     plain = FedNova()
-    torch.testing.assert_close(nova_round(plain, w1, second, 0.2, 2), torch.tensor([1.5, 1.0, 1.5]))
+    torch.testing.assert_close(nova_round(plain, w1, second, 0.2, 2).params, torch.tensor([1.5, 1.0, 1.5]))
     assert plain.state_dict() == {}
 
 

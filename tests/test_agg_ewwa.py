@@ -69,8 +69,9 @@ def run_both(config, ids_per_round, seed=0, dtype=np.float64):
     for ids, delta in zip(ids_per_round, deltas):
         W = w[None, :] + delta
         rounds.append((w.astype(np.float64), W.astype(np.float64), np.array(ids)))
-        new = agg.aggregate(RoundInputs.of(torch.from_numpy(w), torch.from_numpy(W), num_samples=SAMPLES[: len(ids)], client_ids=torch.tensor(ids), round=len(rounds)))
-        got.append((new, agg.last_weights.clone(), agg.m.clone(), agg.v.clone()))
+        res = agg.aggregate(RoundInputs.of(torch.from_numpy(w), torch.from_numpy(W), num_samples=SAMPLES[: len(ids)], client_ids=torch.tensor(ids), round=len(rounds)))
+        new = res.params
+        got.append((new, res.weights.clone(), agg.m.clone(), agg.v.clone()))
         w = new.numpy()
     return got, reference(rounds, *config), rounds
 
@@ -104,9 +105,10 @@ def test_sequential_order_is_by_id_not_by_position(optimizer):
     w, W, _ = rounds[0]
     order = np.argsort(ids)
     agg = EWWA(*config)
-    new = agg.aggregate(RoundInputs.of(torch.tensor(w), torch.tensor(W[order]), num_samples=SAMPLES, client_ids=torch.tensor(sorted(ids)), round=1))
+    res = agg.aggregate(RoundInputs.of(torch.tensor(w), torch.tensor(W[order]), num_samples=SAMPLES, client_ids=torch.tensor(sorted(ids)), round=1))
+    new = res.params
     assert torch.equal(new, got[0][0])
-    assert torch.equal(agg.last_weights, got[0][1][torch.from_numpy(order)])
+    assert torch.equal(res.weights, got[0][1][torch.from_numpy(order)])
     # processing in position order would be a different answer, so the test above can fail
     positional = reference([(w, W, np.arange(3))], *config)
     assert not np.allclose(positional[0][0], want[0][0], rtol=1e-4, atol=1e-4)
@@ -116,7 +118,7 @@ def test_step_count_is_the_aggregators_not_the_round_argument():
     w, W = torch.zeros(4), torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.5, 1.0, -1.0, 2.0], [2.0, 0.0, 1.0, -1.0]])
     a, b = EWWA(), EWWA()
     ids = torch.tensor([0, 1, 2])
-    assert torch.equal(a.aggregate(RoundInputs.of(w, W, num_samples=SAMPLES, client_ids=ids, round=1)), b.aggregate(RoundInputs.of(w, W, num_samples=SAMPLES, client_ids=ids, round=9)))
+    assert torch.equal(a.aggregate(RoundInputs.of(w, W, num_samples=SAMPLES, client_ids=ids, round=1)).params, b.aggregate(RoundInputs.of(w, W, num_samples=SAMPLES, client_ids=ids, round=9)).params)
     assert b.state_dict()["step"] == 1
 
 
@@ -126,12 +128,14 @@ def test_identical_clients_and_single_client_come_back_exactly(config):
     client = torch.tensor([0.3, -0.2, 1.1, 0.05, 2.9])
     agg = EWWA(*config)
     for r in (1, 2):
-        new = agg.aggregate(RoundInputs.of(w, client.repeat(3, 1), num_samples=SAMPLES, client_ids=torch.tensor([2, 0, 1]), round=r))
+        res = agg.aggregate(RoundInputs.of(w, client.repeat(3, 1), num_samples=SAMPLES, client_ids=torch.tensor([2, 0, 1]), round=r))
+        new = res.params
         assert torch.equal(new, client)
-        assert torch.all(agg.last_weights >= 0) and torch.isclose(agg.last_weights.sum(), torch.tensor(1.0))
+        assert torch.all(res.weights >= 0) and torch.isclose(res.weights.sum(), torch.tensor(1.0))
     one = EWWA(*config)
-    assert torch.equal(one.aggregate(RoundInputs.of(w, client[None], num_samples=SAMPLES[:1], client_ids=torch.tensor([3]), round=1)), client)
-    assert torch.equal(one.last_weights, torch.ones(1))
+    one_res = one.aggregate(RoundInputs.of(w, client[None], num_samples=SAMPLES[:1], client_ids=torch.tensor([3]), round=1))
+    assert torch.equal(one_res.params, client)
+    assert torch.equal(one_res.weights, torch.ones(1))
 
 
 @pytest.mark.parametrize("weighting", WEIGHTINGS)
@@ -148,10 +152,11 @@ def test_element_weights_are_non_negative_and_sum_to_one_per_element(weighting):
 def test_zero_updates_and_large_updates_stay_finite(config):
     w = torch.tensor([0.1, -0.7, 1.3, 0.0, 2.2])
     agg = EWWA(*config)
-    assert torch.equal(agg.aggregate(RoundInputs.of(w, w.repeat(3, 1), num_samples=SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=1)), w)
+    assert torch.equal(agg.aggregate(RoundInputs.of(w, w.repeat(3, 1), num_samples=SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=1)).params, w)
     big = w + torch.tensor([[1e3], [-1e3], [5e2]]) * torch.arange(1.0, 6.0)
-    new = agg.aggregate(RoundInputs.of(w, big, num_samples=SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=2))
-    assert torch.all(torch.isfinite(new)) and torch.all(torch.isfinite(agg.last_weights))
+    res = agg.aggregate(RoundInputs.of(w, big, num_samples=SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=2))
+    new = res.params
+    assert torch.all(torch.isfinite(new)) and torch.all(torch.isfinite(res.weights))
     assert torch.all(new >= big.min(dim=0).values) and torch.all(new <= big.max(dim=0).values)  # convex per element
 
 
@@ -161,20 +166,23 @@ def test_state_dict_round_trip_gives_bit_identical_next_round(moments):
     W1, W2 = torch.from_numpy(w + deltas[0]), torch.from_numpy(w + deltas[1])
     ids = torch.tensor([2, 0, 1])
     whole = EWWA(optimizer="yogi", moments=moments)
-    mid = whole.aggregate(RoundInputs.of(torch.from_numpy(w), W1, num_samples=SAMPLES, client_ids=ids, round=1))
+    whole_res = whole.aggregate(RoundInputs.of(torch.from_numpy(w), W1, num_samples=SAMPLES, client_ids=ids, round=1))
+    mid = whole_res.params
     state = whole.state_dict()
-    expected = whole.aggregate(RoundInputs.of(mid, W2 + (mid - torch.from_numpy(w)), num_samples=SAMPLES, client_ids=ids.flip(0), round=2))
+    whole_res = whole.aggregate(RoundInputs.of(mid, W2 + (mid - torch.from_numpy(w)), num_samples=SAMPLES, client_ids=ids.flip(0), round=2))
+    expected = whole_res.params
     resumed = EWWA(optimizer="yogi", moments=moments)
     resumed.load_state_dict(state)
-    got = resumed.aggregate(RoundInputs.of(mid, W2 + (mid - torch.from_numpy(w)), num_samples=SAMPLES, client_ids=ids.flip(0), round=2))
-    assert torch.equal(got, expected) and torch.equal(resumed.last_weights, whole.last_weights)
+    resumed_res = resumed.aggregate(RoundInputs.of(mid, W2 + (mid - torch.from_numpy(w)), num_samples=SAMPLES, client_ids=ids.flip(0), round=2))
+    got = resumed_res.params
+    assert torch.equal(got, expected) and torch.equal(resumed_res.weights, whole_res.weights)
     assert state["step"] == 1 and not torch.equal(state["m"], whole.m)  # round 2 moved on from the saved state
 
 
 def test_buffers_are_averaged_with_sample_shares():
     agg = EWWA()
-    agg.aggregate(RoundInputs.of(torch.zeros(2), torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), num_samples=SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=1))
-    assert torch.allclose(agg.buffer_weights(RoundInputs.of(torch.zeros(2), torch.zeros(3, 2), num_samples=SAMPLES)), torch.tensor([1 / 6, 1 / 2, 1 / 3]))
+    res = agg.aggregate(RoundInputs.of(torch.zeros(2), torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), num_samples=SAMPLES, client_ids=torch.tensor([0, 1, 2]), round=1))
+    assert torch.allclose(res.weights_for_buffers(), torch.tensor([1 / 6, 1 / 2, 1 / 3]))
 
 
 def authors_code_round(state, moments, t, clients, b1=0.9, b2=0.999, eps=1e-8):
@@ -223,10 +231,11 @@ def test_elementwise_buffers_follow_the_authors_code_over_two_rounds():
         inputs = RoundInputs.of(params, torch.tensor(np.stack([c["w"] for c in listed])), client_ids=ids, round=t + 1,
                                 global_buffers=buffers,
                                 client_buffers=torch.tensor(np.stack([c["running_var"] for c in listed])))
-        plain.append(samples_agg.aggregate(RoundInputs.of(params, inputs.client_params, client_ids=ids, round=t + 1)).numpy())
-        params = agg.aggregate(inputs)
+        plain.append(samples_agg.aggregate(RoundInputs.of(params, inputs.client_params, client_ids=ids, round=t + 1)).params.numpy())
+        res = agg.aggregate(inputs)
+        params = res.params
         elementwise.append(params.numpy())
-        buffers = combine_buffers(inputs.client_buffers, agg.buffer_weights(inputs))
+        buffers = combine_buffers(inputs.client_buffers, res.weights_for_buffers())
         assert np.allclose(params.numpy(), expected["w"], rtol=1e-12, atol=1e-12)
         assert np.allclose(buffers.numpy(), expected["running_var"], rtol=1e-12, atol=1e-12)
         state = expected
@@ -247,8 +256,8 @@ def test_a_statistic_can_set_the_shared_minimum_and_so_move_the_weights():
     inputs = RoundInputs.of(torch.tensor(state["w"]), torch.tensor(np.stack([c["w"] for c in clients])),
                             global_buffers=torch.tensor(state["running_mean"]),
                             client_buffers=torch.tensor(np.stack([c["running_mean"] for c in clients])))
-    together = EWWA(buffers="elementwise").aggregate(inputs)
-    apart = EWWA().aggregate(inputs)
+    together = EWWA(buffers="elementwise").aggregate(inputs).params
+    apart = EWWA().aggregate(inputs).params
     assert np.allclose(together.numpy(), expected["w"], rtol=1e-12, atol=1e-12)
     assert not np.allclose(together.numpy(), apart.numpy(), atol=1e-3)
 
@@ -287,9 +296,9 @@ def test_weight_quantiles_interpolate_and_sample_evenly(monkeypatch):
 
 def test_reports_its_weight_quantiles_each_round():
     agg = EWWA()
-    agg.aggregate(RoundInputs.of(torch.zeros(4), torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.5, 1.0, -1.0, 2.0]])))
+    res = agg.aggregate(RoundInputs.of(torch.zeros(4), torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.5, 1.0, -1.0, 2.0]])))
     reported = agg.take_diagnostics()
-    p = agg.last_weights
+    p = res.weights
     assert set(reported) == {"weight_q10", "weight_q50", "weight_q90"}
     assert 0 <= reported["weight_q10"] <= reported["weight_q50"] <= reported["weight_q90"] <= 1
     assert reported["weight_q10"] < 0.5 < reported["weight_q90"]  # element-wise: not the uniform 1/2 everywhere

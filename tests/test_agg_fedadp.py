@@ -43,12 +43,14 @@ def run(agg, w, W, n, ids, r):
 @pytest.mark.parametrize("use_sizes", [True, False])
 def test_two_rounds_match_spec(smoothing, use_sizes):
     agg, angles, counts = FedAdp(smoothing=smoothing, use_sizes=use_sizes), {}, {}
-    w1 = run(agg, W0, ROUND1, SAMPLES, IDS, 1)
+    res = run(agg, W0, ROUND1, SAMPLES, IDS, 1)
+    w1 = res.params
     exp1, psi1 = reference(W0, ROUND1, SAMPLES, [0, 1, 2], 1, angles, counts, smoothing=smoothing, use_sizes=use_sizes)
-    assert np.allclose(w1.numpy(), exp1, atol=1e-5) and np.allclose(agg.last_weights.numpy(), psi1, atol=1e-6)
-    w2 = run(agg, w1, ROUND2, SAMPLES, IDS, 2)
+    assert np.allclose(w1.numpy(), exp1, atol=1e-5) and np.allclose(res.weights.numpy(), psi1, atol=1e-6)
+    res = run(agg, w1, ROUND2, SAMPLES, IDS, 2)
+    w2 = res.params
     exp2, psi2 = reference(w1, ROUND2, SAMPLES, [0, 1, 2], 2, angles, counts, smoothing=smoothing, use_sizes=use_sizes)
-    assert np.allclose(w2.numpy(), exp2, atol=1e-5) and np.allclose(agg.last_weights.numpy(), psi2, atol=1e-6)
+    assert np.allclose(w2.numpy(), exp2, atol=1e-5) and np.allclose(res.weights.numpy(), psi2, atol=1e-6)
     assert agg.take_diagnostics() == {"angle": pytest.approx(np.mean([angles[i] for i in (0, 1, 2)]), rel=1e-5)}
     assert not np.allclose(psi2, SAMPLES.numpy() / SAMPLES.sum().item(), atol=1e-3)  # the angles matter
 
@@ -57,8 +59,8 @@ def test_smaller_angle_gets_larger_weight():
     # clients 0 and 1 point along the mean, client 2 at right angles to it: equal sizes, so only f differs
     W = W0 + torch.tensor([[1.0, 1.0, 0, 0, 0], [1.0, 1.0, 0, 0, 0], [0.5, -0.5, 0, 0, 0]])
     agg = FedAdp()
-    run(agg, W0, W, torch.tensor([5, 5, 5]), IDS, 1)
-    assert agg.last_weights[0] == agg.last_weights[1] > agg.last_weights[2] > 0
+    res = run(agg, W0, W, torch.tensor([5, 5, 5]), IDS, 1)
+    assert res.weights[0] == res.weights[1] > res.weights[2] > 0
 
 
 @pytest.mark.parametrize("samples", [[5, 5, 5], [1, 2, 3]])
@@ -69,21 +71,25 @@ def test_equal_angles_give_fedavg(samples):
     eye = torch.eye(3, 5) / n[:, None]
     agg, avg, w_adp, w_avg = FedAdp(), FedAvg(), W0, W0
     for r in (1, 2):
-        w_adp, w_avg = run(agg, w_adp, w_adp + eye, n, IDS, r), run(avg, w_avg, w_avg + eye, n, IDS, r)
-        assert torch.allclose(agg.last_weights, avg.last_weights, atol=1e-7)
+        res, avg_res = run(agg, w_adp, w_adp + eye, n, IDS, r), run(avg, w_avg, w_avg + eye, n, IDS, r)
+        w_adp, w_avg = res.params, avg_res.params
+        assert torch.allclose(res.weights, avg_res.weights, atol=1e-7)
         assert torch.allclose(w_adp, w_avg, atol=1e-6)
 
 
 @pytest.mark.parametrize("smoothing", ["round", "participation"])
 def test_partial_participation_keeps_angles_per_id(smoothing):
     agg, angles, counts = FedAdp(smoothing=smoothing), {}, {}
-    w = run(agg, W0, ROUND1, SAMPLES, IDS, 1)
+    res = run(agg, W0, ROUND1, SAMPLES, IDS, 1)
+    w = res.params
     reference(W0, ROUND1, SAMPLES, [0, 1, 2], 1, angles, counts, smoothing=smoothing)
-    w_ = run(agg, w, ROUND2[1:], SAMPLES[1:], torch.tensor([2, 5]), 2)  # client 5 is new, client 2 returns
+    res = run(agg, w, ROUND2[1:], SAMPLES[1:], torch.tensor([2, 5]), 2)  # client 5 is new, client 2 returns
+    w_ = res.params
     expected, _ = reference(w, ROUND2[1:], SAMPLES[1:], [2, 5], 2, angles, counts, smoothing=smoothing)
     assert np.allclose(w_.numpy(), expected, atol=1e-5)
     # client 5 at round 3 has taken part once before: t = 3 (round) or 2 (participation)
-    w3 = run(agg, w_, ROUND1[:2], SAMPLES[:2], torch.tensor([5, 0]), 3)
+    res = run(agg, w_, ROUND1[:2], SAMPLES[:2], torch.tensor([5, 0]), 3)
+    w3 = res.params
     expected, _ = reference(w_, ROUND1[:2], SAMPLES[:2], [5, 0], 3, angles, counts, smoothing=smoothing)
     assert np.allclose(w3.numpy(), expected, atol=1e-5)
     assert agg.counts == {0: 2, 1: 1, 2: 2, 5: 2}
@@ -94,34 +100,41 @@ def test_participation_and_round_smoothing_differ_once_a_client_skips_rounds():
     outs = []
     for smoothing in ("round", "participation"):
         agg = FedAdp(smoothing=smoothing)
-        w = run(agg, W0, ROUND1, SAMPLES, IDS, 1)
-        w = run(agg, w, ROUND2[1:], SAMPLES[1:], torch.tensor([2, 5]), 2)
-        outs.append(run(agg, w, ROUND1[:2], SAMPLES[:2], torch.tensor([5, 0]), 3))
+        res = run(agg, W0, ROUND1, SAMPLES, IDS, 1)
+        w = res.params
+        res = run(agg, w, ROUND2[1:], SAMPLES[1:], torch.tensor([2, 5]), 2)
+        w = res.params
+        outs.append(run(agg, w, ROUND1[:2], SAMPLES[:2], torch.tensor([5, 0]), 3).params)
     assert not torch.allclose(outs[0], outs[1], atol=1e-6)
 
 
 def test_state_dict_round_trip_is_bit_identical():
     agg = FedAdp(smoothing="participation")
-    w1 = run(agg, W0, ROUND1, SAMPLES, IDS, 1)
+    res = run(agg, W0, ROUND1, SAMPLES, IDS, 1)
+    w1 = res.params
     resumed = FedAdp(smoothing="participation")
     resumed.load_state_dict(agg.state_dict())
-    assert torch.equal(run(resumed, w1, ROUND2, SAMPLES, IDS, 2), run(agg, w1, ROUND2, SAMPLES, IDS, 2))
+    assert torch.equal(run(resumed, w1, ROUND2, SAMPLES, IDS, 2).params, run(agg, w1, ROUND2, SAMPLES, IDS, 2).params)
     assert FedAdp().state_dict() == {"angles": {}, "counts": {}}
 
 
 def test_numerically_safe_cases():
-    zero = run(FedAdp(), W0, W0.repeat(3, 1), SAMPLES, IDS, 1)  # every norm is 0: all angles 0
+    FedAdp_res = run(FedAdp(), W0, W0.repeat(3, 1), SAMPLES, IDS, 1)  # every norm is 0: all angles 0
+    zero = FedAdp_res.params
     assert torch.equal(zero, W0)
     same = FedAdp()
-    out = run(same, W0, ROUND1[:1].repeat(3, 1), SAMPLES, IDS, 1)
-    assert torch.allclose(out, ROUND1[0], atol=1e-6) and torch.isfinite(same.last_weights).all()
-    assert torch.allclose(same.last_weights, SAMPLES / SAMPLES.sum())
+    same_res = run(same, W0, ROUND1[:1].repeat(3, 1), SAMPLES, IDS, 1)
+    out = same_res.params
+    assert torch.allclose(out, ROUND1[0], atol=1e-6) and torch.isfinite(same_res.weights).all()
+    assert torch.allclose(same_res.weights, SAMPLES / SAMPLES.sum())
     one = FedAdp()
     for r in (1, 2):
-        out = run(one, W0, ROUND1[1:2], SAMPLES[1:2], IDS[1:2], r)
-        assert torch.allclose(out, ROUND1[1], atol=1e-6) and torch.equal(one.last_weights, torch.ones(1))
+        one_res = run(one, W0, ROUND1[1:2], SAMPLES[1:2], IDS[1:2], r)
+        out = one_res.params
+        assert torch.allclose(out, ROUND1[1], atol=1e-6) and torch.equal(one_res.weights, torch.ones(1))
     # opposite updates: the mean is 0, so SPEC's zero-norm rule gives angle 0, not NaN
-    opposite = run(FedAdp(), W0, torch.stack([W0 + 1, W0 - 1]), torch.tensor([4, 4]), IDS[:2], 1)
+    FedAdp_res = run(FedAdp(), W0, torch.stack([W0 + 1, W0 - 1]), torch.tensor([4, 4]), IDS[:2], 1)
+    opposite = FedAdp_res.params
     assert torch.allclose(opposite, W0)
 
 

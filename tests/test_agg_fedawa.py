@@ -76,8 +76,9 @@ def test_two_rounds_with_partial_participation_match_hand_computation(reg):
     agg = FedAWA(reg=reg)
     t0 = np.array([1, 2, 1]) / 8.0  # n_k / Σ n over ALL clients, not this round's 4
     lam1 = softmax(t0)
-    new1 = run(agg, all_num_samples=ALL_N)
-    assert np.allclose(agg.last_weights.numpy(), lam1, atol=1e-7)
+    res = run(agg, all_num_samples=ALL_N)
+    new1 = res.params
+    assert np.allclose(res.weights.numpy(), lam1, atol=1e-7)
     assert np.allclose(new1.numpy(), lam1 @ np64(CLIENTS) / lam1.sum(), atol=1e-6)  # λ from BEFORE the step
     assert agg.take_diagnostics()["loss"] == pytest.approx(loss_and_grad(t0, np64(W), np64(CLIENTS), reg)[0], rel=1e-5)
     t1 = adam(t0, np64(W), np64(CLIENTS), reg)
@@ -86,8 +87,9 @@ def test_two_rounds_with_partial_participation_match_hand_computation(reg):
     # round 2: client 1 keeps its learned logit, client 3 starts at 4/8
     t_s = np.array([t1[1], 4 / 8.0])
     lam2 = softmax(t_s)
-    new2 = run(agg, W2, CLIENTS2, SAMPLES2, IDS2, r=2, all_num_samples=ALL_N)
-    assert np.allclose(agg.last_weights.numpy(), lam2, atol=1e-7)
+    res = run(agg, W2, CLIENTS2, SAMPLES2, IDS2, r=2, all_num_samples=ALL_N)
+    new2 = res.params
+    assert np.allclose(res.weights.numpy(), lam2, atol=1e-7)
     assert np.allclose(new2.numpy(), lam2 @ np64(CLIENTS2) / lam2.sum(), atol=1e-6)
     t2 = adam(t_s, np64(W2), np64(CLIENTS2), reg)
     assert np.allclose([agg.logits[1].item(), agg.logits[3].item()], t2, atol=1e-7)
@@ -96,22 +98,24 @@ def test_two_rounds_with_partial_participation_match_hand_computation(reg):
 
 def test_without_all_sizes_falls_back_to_this_rounds_fractions():
     agg = FedAWA()
-    run(agg, W2, CLIENTS2, SAMPLES2, IDS2)
+    res = run(agg, W2, CLIENTS2, SAMPLES2, IDS2)
     t0 = np.array([2, 4]) / 6.0
-    assert np.allclose(agg.last_weights.numpy(), softmax(t0), atol=1e-7)
+    assert np.allclose(res.weights.numpy(), softmax(t0), atol=1e-7)
 
 
 @pytest.mark.parametrize("betas", [(0.5, 0.999), (0.9, 0.99)])
 def test_several_steps_and_use_updated(betas):
     # a large lr makes the gradient change between steps, so β1, β2 and the bias correction matter
     agg = FedAWA(server_lr=0.3, betas=betas, server_steps=3, use_updated=True)
-    new = run(agg, all_num_samples=ALL_N)
+    res = run(agg, all_num_samples=ALL_N)
+    new = res.params
     t3 = adam(np.array([1, 2, 1]) / 8.0, np64(W), np64(CLIENTS), "cos", steps=3, lr=0.3, b1=betas[0], b2=betas[1])
     lam = softmax(t3)  # recomputed after the steps
     assert np.allclose([agg.logits[i].item() for i in range(3)], t3, atol=1e-6)
-    assert np.allclose(agg.last_weights.numpy(), lam, atol=1e-6)
+    assert np.allclose(res.weights.numpy(), lam, atol=1e-6)
     assert np.allclose(new.numpy(), lam @ np64(CLIENTS), atol=1e-5)
-    before = run(FedAWA(server_lr=0.3, betas=betas, server_steps=3), all_num_samples=ALL_N)
+    FedAWA_res = run(FedAWA(server_lr=0.3, betas=betas, server_steps=3), all_num_samples=ALL_N)
+    before = FedAWA_res.params
     assert not torch.allclose(new, before, atol=1e-3)
 
 
@@ -129,7 +133,8 @@ def sgd(t, w, Wk, reg, steps, lr, momentum, weight_decay):
 def test_sgd_server_optimizer_matches_hand_computation(steps):
     agg = FedAWA(server_optimizer="sgd", server_steps=steps, server_lr=0.5, use_updated=True)
     assert FedAWA(server_optimizer="sgd").server_lr == 1e-2  # the authors' code's SGD learning rate
-    new = run(agg, all_num_samples=ALL_N)
+    res = run(agg, all_num_samples=ALL_N)
+    new = res.params
     t = sgd(np.array([1, 2, 1]) / 8.0, np64(W), np64(CLIENTS), "cos", steps, lr=0.5, momentum=0.9, weight_decay=5e-4)
     assert np.allclose([agg.logits[i].item() for i in range(3)], t, atol=1e-6)
     assert np.allclose(new.numpy(), softmax(t) @ np64(CLIENTS), atol=1e-5)
@@ -137,43 +142,48 @@ def test_sgd_server_optimizer_matches_hand_computation(steps):
 
 def test_gamma_scales_the_new_global_and_nothing_else():
     plain, scaled = FedAWA(), FedAWA(gamma=0.9)
-    a, b = run(plain, all_num_samples=ALL_N), run(scaled, all_num_samples=ALL_N)
+    plain_res, scaled_res = run(plain, all_num_samples=ALL_N), run(scaled, all_num_samples=ALL_N)
+    a, b = plain_res.params, scaled_res.params
     lam = softmax(np.array([1, 2, 1]) / 8.0)
     assert np.allclose(b.numpy(), 0.9 * (lam @ np64(CLIENTS)), atol=1e-6)
-    assert torch.allclose(b, 0.9 * a, atol=1e-7) and torch.equal(plain.last_weights, scaled.last_weights)
+    assert torch.allclose(b, 0.9 * a, atol=1e-7) and torch.equal(plain_res.weights, scaled_res.weights)
     assert all(torch.equal(plain.logits[i], scaled.logits[i]) for i in range(3))
-    inputs = RoundInputs.of(W, CLIENTS, num_samples=SAMPLES, client_ids=IDS)  # the BatchNorm statistics scale too
-    assert np.allclose(scaled.buffer_weights(inputs).numpy(), 0.9 * lam, atol=1e-7)
-    assert torch.equal(plain.buffer_weights(inputs), plain.last_weights)
+    # the BatchNorm statistics scale too
+    assert np.allclose(scaled_res.weights_for_buffers().numpy(), 0.9 * lam, atol=1e-7)
+    assert torch.equal(plain_res.weights_for_buffers(), plain_res.weights)
 
 
 def test_state_round_trip_is_bit_identical():
     a = FedAWAL()
     layout = two_layer_layout()
-    run(a, all_num_samples=ALL_N, layout=layout)
+    a_res = run(a, all_num_samples=ALL_N, layout=layout)
     state = a.state_dict()
     b = FedAWAL()
     b.load_state_dict(state)
     state["logits"][1].add_(1.0)  # the saved copy is independent of the live state
-    out_a = run(a, W2, CLIENTS2, SAMPLES2, IDS2, r=2, all_num_samples=ALL_N, layout=layout)
-    out_b = run(b, W2, CLIENTS2, SAMPLES2, IDS2, r=2, all_num_samples=ALL_N, layout=layout)
-    assert torch.equal(out_a, out_b) and torch.equal(a.last_weights, b.last_weights)
+    a_res = run(a, W2, CLIENTS2, SAMPLES2, IDS2, r=2, all_num_samples=ALL_N, layout=layout)
+    out_a = a_res.params
+    b_res = run(b, W2, CLIENTS2, SAMPLES2, IDS2, r=2, all_num_samples=ALL_N, layout=layout)
+    out_b = b_res.params
+    assert torch.equal(out_a, out_b) and torch.equal(a_res.weights, b_res.weights)
     assert all(torch.equal(a.logits[i], b.logits[i]) for i in (0, 1, 2, 3))
 
 
 def test_identical_clients_zero_updates_and_single_client_are_safe():
     same = CLIENTS[:1].repeat(3, 1)
     for agg in (FedAWA(), FedAWAL()):
-        out = run(agg, clients=same, layout=two_layer_layout())
+        res = run(agg, clients=same, layout=two_layer_layout())
+        out = res.params
         assert torch.allclose(out, CLIENTS[0], atol=1e-6)
-        assert (agg.last_weights >= 0).all() and agg.last_weights.sum() == pytest.approx(1.0)
+        assert (res.weights >= 0).all() and res.weights.sum() == pytest.approx(1.0)
         assert all(torch.isfinite(t).all() for t in agg.logits.values())
         zero = W.repeat(3, 1)
-        assert torch.allclose(run(agg, clients=zero, r=2, layout=two_layer_layout()), W, atol=1e-6)
-        one = run(agg, clients=CLIENTS[1:2], n=SAMPLES[1:2], ids=torch.tensor([7]), r=3, layout=two_layer_layout())
-        assert torch.equal(one, CLIENTS[1]) and torch.equal(agg.last_weights, torch.ones(1))
+        assert torch.allclose(run(agg, clients=zero, r=2, layout=two_layer_layout()).params, W, atol=1e-6)
+        res = run(agg, clients=CLIENTS[1:2], n=SAMPLES[1:2], ids=torch.tensor([7]), r=3, layout=two_layer_layout())
+        one = res.params
+        assert torch.equal(one, CLIENTS[1]) and torch.equal(res.weights, torch.ones(1))
     zero_global = torch.zeros(5)  # cos with an all-zero global model (guarded)
-    assert torch.isfinite(run(FedAWA(), w=zero_global)).all()
+    assert torch.isfinite(run(FedAWA(), w=zero_global).params).all()
 
 
 def two_layer_layout():
@@ -185,25 +195,27 @@ def test_layerwise_weights_follow_each_layer():
     deltas = torch.tensor([[3.0, -2.0, 0.1, 0.2, 0.0], [0.1, 0.1, 0.2, 0.1, 0.1], [0.2, 0.0, -2.0, 3.0, 1.5]])
     clients, agg, layout = W + deltas, FedAWAL(), two_layer_layout()
     t0 = np.array([1, 2, 1]) / 8.0
-    new1 = run(agg, clients=clients, all_num_samples=ALL_N, layout=layout)
+    res = run(agg, clients=clients, all_num_samples=ALL_N, layout=layout)
+    new1 = res.params
     assert np.allclose(new1.numpy(), softmax(t0) @ np64(clients), atol=1e-6)
     # the loss is a sum over layers of independent terms, so each layer's logits take FedAWA's step on its slice
     ta = adam(t0, np64(W)[:2], np64(clients)[:, :2], "cos")
     tb = adam(t0, np64(W)[2:], np64(clients)[:, 2:], "cos")
     assert np.allclose(torch.stack([agg.logits[i] for i in range(3)]).numpy(), np.stack([ta, tb], axis=1), atol=1e-7)
     assert ta[0] < t0[0] and tb[2] < t0[2]  # each layer's outlier loses weight in that layer
-    new2 = run(agg, W, clients, SAMPLES, IDS, r=2, all_num_samples=ALL_N, layout=layout)
+    res = run(agg, W, clients, SAMPLES, IDS, r=2, all_num_samples=ALL_N, layout=layout)
+    new2 = res.params
     la, lb = softmax(ta), softmax(tb)
     assert not np.allclose(la, lb, atol=1e-5)
     expected = np.concatenate([la @ np64(clients)[:, :2], lb @ np64(clients)[:, 2:]])
     assert np.allclose(new2.numpy(), expected, atol=1e-6)
-    assert np.allclose(agg.last_weights.numpy(), (la + lb) / 2, atol=1e-7)
+    assert np.allclose(res.weights.numpy(), (la + lb) / 2, atol=1e-7)
 
 
 def test_one_layer_fedawa_l_is_fedawa():
     whole = ParamLayout(names=("w",), shapes=(torch.Size([5]),), offsets=(0, 5))
     a, b = FedAWA(), FedAWAL()
-    assert torch.equal(run(a, all_num_samples=ALL_N), run(b, all_num_samples=ALL_N, layout=whole))
+    assert torch.equal(run(a, all_num_samples=ALL_N).params, run(b, all_num_samples=ALL_N, layout=whole).params)
     assert torch.equal(a.logits[2], b.logits[2])
 
 

@@ -76,27 +76,29 @@ def test_learns_the_known_shrink_factor_and_weights():
     c = np.linalg.solve(W_CLIENTS.T, np.log(Q / (1 - Q)))
     gamma_star, lam_star = c.sum(), c / c.sum()
     agg = FedLAW(server_epochs=300, **FAST)
-    new = run(agg, W_CLIENTS, Toy())
+    res = run(agg, W_CLIENTS, Toy())
+    new = res.params
     gamma = agg.take_diagnostics()["gamma"]  # reported each round as agg_gamma
     assert gamma == pytest.approx(gamma_star, abs=0.01)
-    assert np.allclose(agg.last_weights.numpy(), lam_star, atol=0.01)
+    assert np.allclose(res.weights.numpy(), lam_star, atol=0.01)
     assert np.allclose(new.numpy(), np.log(Q / (1 - Q)), atol=0.01)  # γ Σ λ_k W_k with the learned values
-    assert torch.allclose(new, gamma * (agg.last_weights @ torch.tensor(W_CLIENTS, dtype=torch.float32)))
+    assert torch.allclose(new, gamma * (res.weights @ torch.tensor(W_CLIENTS, dtype=torch.float32)))
 
 
 def test_moves_all_weight_to_the_client_that_is_the_optimum():
     clients = W_CLIENTS.copy()
     clients[2] = np.log(Q / (1 - Q))  # client 2 is θ* itself: γ* = 1, λ* = e_2 (a vertex, reached only in the limit)
     agg = FedLAW(server_epochs=300, server_batch_size=0, server_lr=0.05, lr_decay=1.0)
-    run(agg, clients, Toy())
-    assert agg.last_weights[2] > 0.9 and agg.take_diagnostics()["gamma"] == pytest.approx(1.0, abs=0.05)
+    res = run(agg, clients, Toy())
+    assert res.weights[2] > 0.9 and agg.take_diagnostics()["gamma"] == pytest.approx(1.0, abs=0.05)
 
 
 @pytest.mark.parametrize("init, expected", [("samples", [0.25, 0.25, 0.5]), ("uniform", [1 / 3] * 3)])
 def test_starts_from_fedavg_weights_and_no_shrink(init, expected):
     agg = FedLAW(server_epochs=1, server_lr=1e-9, init_weights=init)  # one negligible step: the starting point
-    new = run(agg, W_CLIENTS, Toy())
-    assert torch.allclose(agg.last_weights, torch.tensor(expected), atol=1e-6)
+    res = run(agg, W_CLIENTS, Toy())
+    new = res.params
+    assert torch.allclose(res.weights, torch.tensor(expected), atol=1e-6)
     assert agg.take_diagnostics()["gamma"] == pytest.approx(1.0, abs=1e-6)
     assert torch.allclose(new, torch.tensor(expected) @ torch.tensor(W_CLIENTS, dtype=torch.float32), atol=1e-5)
 
@@ -109,10 +111,11 @@ def test_minibatches_with_batchnorm_leave_the_model_alone_and_lower_the_proxy_lo
     clients = base + 0.3 * torch.randn(3, base.numel())
     params_before, buffers_before = get_params(model), get_buffers(model)
     agg = FedLAW(server_epochs=20, server_batch_size=16)  # 50 samples -> 4 shuffled batches of 12-13 per epoch
-    new = run(agg, clients, model, x=x, y=y)
+    res = run(agg, clients, model, x=x, y=y)
+    new = res.params
     assert torch.equal(get_params(model), params_before) and torch.equal(get_buffers(model), buffers_before)
     assert not model.training and all(p.grad is None for p in model.parameters())
-    assert torch.isfinite(new).all() and torch.isclose(agg.last_weights.sum(), torch.tensor(1.0))
+    assert torch.isfinite(new).all() and torch.isclose(res.weights.sum(), torch.tensor(1.0))
 
     def proxy_loss(vec):  # in train mode, as the server optimises it
         layout = ParamLayout.of(model)
@@ -126,17 +129,20 @@ def test_minibatches_with_batchnorm_leave_the_model_alone_and_lower_the_proxy_lo
     start = sum(w * c for w, c in zip([0.25, 0.25, 0.5], clients))  # γ = 1, λ = D
     assert proxy_loss(new) < proxy_loss(start)
     again = FedLAW(server_epochs=20, server_batch_size=16)
-    assert torch.equal(run(again, clients, model, x=x, y=y), new)  # the shuffle is seeded: reproducible, no state
+    assert torch.equal(run(again, clients, model, x=x, y=y).params, new)  # the shuffle is seeded: reproducible, no state
     assert agg.state_dict() == {}
 
 
 def test_numerical_safety():
     agg = FedLAW(server_epochs=5, server_batch_size=0)
-    same = run(agg, np.repeat(W_CLIENTS[:1], 3, axis=0), Toy())  # identical clients: λ has no effect, γ still learned
-    assert torch.isfinite(same).all() and torch.isclose(agg.last_weights.sum(), torch.tensor(1.0))
-    one = run(agg, W_CLIENTS[:1], Toy(), n=SAMPLES[:1])
-    assert torch.equal(agg.last_weights, torch.ones(1)) and torch.isfinite(one).all()
-    zero = run(agg, np.zeros((3, 3)), Toy())
+    res = run(agg, np.repeat(W_CLIENTS[:1], 3, axis=0), Toy())  # identical clients: λ has no effect, γ still learned
+    same = res.params
+    assert torch.isfinite(same).all() and torch.isclose(res.weights.sum(), torch.tensor(1.0))
+    res = run(agg, W_CLIENTS[:1], Toy(), n=SAMPLES[:1])
+    one = res.params
+    assert torch.equal(res.weights, torch.ones(1)) and torch.isfinite(one).all()
+    res = run(agg, np.zeros((3, 3)), Toy())
+    zero = res.params
     assert torch.equal(zero, torch.zeros(3))
 
 

@@ -25,12 +25,17 @@ IDS = torch.tensor([0, 1, 2])
 
 
 def run(agg, deltas=(D1, D2), ids=(IDS, IDS), samples=(SAMPLES, SAMPLES), rounds=None):
-    """Feed round r's clients as w_r + Delta; return every round's new global."""
+    """Feed round r's clients as w_r + Delta; return every round's result (`params` the new global)."""
     w, outs = torch.tensor(W0, dtype=torch.float32), []
     for r, (d, i, n) in enumerate(zip(deltas, ids, samples), start=1):
-        w = agg.aggregate(RoundInputs.of(w, w + torch.tensor(d, dtype=torch.float32), num_samples=n, client_ids=i, round=r if rounds is None else rounds[r - 1]))
-        outs.append(w)
+        res = agg.aggregate(RoundInputs.of(w, w + torch.tensor(d, dtype=torch.float32), num_samples=n, client_ids=i, round=r if rounds is None else rounds[r - 1]))
+        w = res.params
+        outs.append(res)
     return outs
+
+
+def params(results):
+    return [r.params for r in results]
 
 
 def close(out, ref):
@@ -106,12 +111,12 @@ def ref_fedcams(compress, deltas, ids, ps, **ams):
 
 def test_fedavgm_two_rounds():
     for kwargs, lr, gamma in (({}, 1.0, 0.9), ({"lr": 0.5, "momentum": 0.6}, 0.5, 0.6)):
-        for out, ref in zip(run(FedAvgM(**kwargs)), ref_fedavgm(P_SAMPLES, lr, gamma)):
+        for out, ref in zip(params(run(FedAvgM(**kwargs))), ref_fedavgm(P_SAMPLES, lr, gamma)):
             close(out, ref)
 
 
 def test_fedavgm_without_momentum_is_fedavg():
-    for a, b in zip(run(FedAvgM(momentum=0.0)), run(FedAvg())):
+    for a, b in zip(params(run(FedAvgM(momentum=0.0))), params(run(FedAvg()))):
         close(a, b.double().numpy())
 
 
@@ -127,20 +132,21 @@ def test_fedopt_two_rounds(cls, rule, kwargs):
     short = {"lr": "lr", "beta1": "b1", "beta2": "b2", "tau": "tau", "bias_correction": "bc"}
     refs = ref_fedopt(rule, P_SAMPLES, **{short[k]: v for k, v in kwargs.items()})
     agg = cls(**kwargs)
-    for out, ref in zip(run(agg), refs):
+    results = run(agg)
+    for out, ref in zip(params(results), refs):
         close(out, ref)
-    assert agg.steps == 2 and torch.allclose(agg.last_weights, torch.tensor(P_SAMPLES, dtype=torch.float32))
+    assert agg.steps == 2 and torch.allclose(results[-1].weights, torch.tensor(P_SAMPLES, dtype=torch.float32))
 
 
 def test_fedopt_uniform_weighting():
     refs = ref_fedopt("adam", np.full(3, 1 / 3))
-    for out, ref in zip(run(FedAdam(weighting="uniform")), refs):
+    for out, ref in zip(params(run(FedAdam(weighting="uniform"))), refs):
         close(out, ref)
 
 
 def test_bias_correction_counts_server_steps_not_the_round_argument():
     refs = ref_fedopt("adam", P_SAMPLES, tau=0.05, bc=True)
-    for out, ref in zip(run(FedAdam(tau=0.05, bias_correction=True), rounds=[7, 9]), refs):
+    for out, ref in zip(params(run(FedAdam(tau=0.05, bias_correction=True), rounds=[7, 9])), refs):
         close(out, ref)
 
 
@@ -157,7 +163,7 @@ def test_fedams_two_rounds(kwargs, ref_kwargs):
         w = ref.step(w, p @ d)
         refs.append(w)
     agg = FedAMS(**kwargs)
-    for out, r in zip(run(agg), refs):
+    for out, r in zip(params(run(agg)), refs):
         close(out, r)
     close(agg.v_hat, ref.vhat)
 
@@ -179,12 +185,13 @@ def test_fedcams_two_rounds(kwargs, compress):
     ams = {"eps": kwargs.get("eps", 1e-3), "bc": kwargs.get("bias_correction", False)}
     refs, errors = ref_fedcams(compress, (D1, D2), ([0, 1, 2], [0, 1, 2]), (P_SAMPLES, P_SAMPLES), **ams)
     agg = FedCAMS(**kwargs)
-    for out, ref in zip(run(agg), refs):
+    results = run(agg)
+    for out, ref in zip(params(results), refs):
         close(out, ref)
     assert set(agg.errors) == {0, 1, 2}
     for i in errors:
         close(agg.errors[i], errors[i])
-    assert torch.allclose(agg.last_weights, torch.tensor(P_SAMPLES, dtype=torch.float32))
+    assert torch.allclose(results[-1].weights, torch.tensor(P_SAMPLES, dtype=torch.float32))
     held_back = np.mean([np.linalg.norm(np.asarray(errors[i], np.float64)) for i in errors])  # after round 2
     assert agg.take_diagnostics()["error_norm"] == pytest.approx(held_back, rel=1e-5)
 
@@ -198,7 +205,8 @@ def test_fedcams_partial_participation_keeps_errors_per_id(compressor, compress)
     agg = FedCAMS(compressor=compressor, ratio=0.4)
     for r, (d, i, n) in enumerate(zip((D1, D2[:2]), ids, samples), start=1):
         w = torch.tensor(W0 if r == 1 else refs[0], dtype=torch.float32)
-        out = agg.aggregate(RoundInputs.of(w, w + torch.tensor(d, dtype=torch.float32), num_samples=n, client_ids=torch.tensor(i), round=r))
+        res = agg.aggregate(RoundInputs.of(w, w + torch.tensor(d, dtype=torch.float32), num_samples=n, client_ids=torch.tensor(i), round=r))
+        out = res.params
         close(out, refs[r - 1])
         if r == 1:
             after_one = {k: e.clone() for k, e in agg.errors.items()}
@@ -230,29 +238,32 @@ def test_state_dict_round_trip_resumes_bit_identically(name):
     w0 = torch.tensor(W0, dtype=torch.float32)
     c1, c2 = (torch.tensor(d, dtype=torch.float32) for d in (D1, D2))
     first = ALL[name]()
-    w1 = first.aggregate(RoundInputs.of(w0, w0 + c1, num_samples=SAMPLES, client_ids=ids[0], round=1))
+    first_res = first.aggregate(RoundInputs.of(w0, w0 + c1, num_samples=SAMPLES, client_ids=ids[0], round=1))
+    w1 = first_res.params
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)  # as a checkpoint would
-    expected = first.aggregate(RoundInputs.of(w1, w1 + c2, num_samples=SAMPLES, client_ids=ids[1], round=2))
+    first_res = first.aggregate(RoundInputs.of(w1, w1 + c2, num_samples=SAMPLES, client_ids=ids[1], round=2))
+    expected = first_res.params
     buffer.seek(0)
     resumed = ALL[name]()
     resumed.load_state_dict(torch.load(buffer))
-    assert torch.equal(resumed.aggregate(RoundInputs.of(w1, w1 + c2, num_samples=SAMPLES, client_ids=ids[1], round=2)), expected)
-    assert torch.equal(resumed.last_weights, first.last_weights)
+    resumed_res = resumed.aggregate(RoundInputs.of(w1, w1 + c2, num_samples=SAMPLES, client_ids=ids[1], round=2))
+    assert torch.equal(resumed_res.params, expected)
+    assert torch.equal(resumed_res.weights, first_res.weights)
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_numerically_safe(name):
     w0 = torch.tensor(W0, dtype=torch.float32)
-    zero = run(ALL[name](), deltas=(np.zeros((3, 5)), np.zeros((3, 5))))
+    zero = params(run(ALL[name](), deltas=(np.zeros((3, 5)), np.zeros((3, 5)))))
     assert all(torch.equal(w, w0) for w in zero)  # nothing to follow: nothing moves
-    single = run(ALL[name](), deltas=(D1[:1], D2[:1]), ids=(IDS[:1], IDS[:1]), samples=(SAMPLES[:1], SAMPLES[:1]))
-    same = run(ALL[name](), deltas=(D1[[0, 0, 0]], D2[[0, 0, 0]]))
+    single = params(run(ALL[name](), deltas=(D1[:1], D2[:1]), ids=(IDS[:1], IDS[:1]), samples=(SAMPLES[:1], SAMPLES[:1])))
+    same = params(run(ALL[name](), deltas=(D1[[0, 0, 0]], D2[[0, 0, 0]])))
     for a, b in zip(same, single):  # identical clients behave as that one client
         assert torch.isfinite(a).all() and torch.allclose(a, b, rtol=1e-6, atol=1e-6)
     agg = ALL[name]()
-    run(agg)
-    assert (agg.last_weights >= 0).all() and torch.isclose(agg.last_weights.sum(), torch.tensor(1.0))
+    res = run(agg)[-1]
+    assert (res.weights >= 0).all() and torch.isclose(res.weights.sum(), torch.tensor(1.0))
 
 
 @pytest.mark.parametrize("cls, kwargs, key", [

@@ -98,8 +98,9 @@ def run_rounds(agg: Aggregator, fed: Federation, rounds, orders=None):
     """Aggregate the given rounds from w0; the new globals, weights and diagnostics of each."""
     w, out = fed.w0, []
     for r in rounds:
-        w = agg.aggregate(fed.inputs(agg, r, w, None if orders is None else orders[r]))
-        out.append((w, agg.last_weights.clone(), agg.take_diagnostics()))
+        res = agg.aggregate(fed.inputs(agg, r, w, None if orders is None else orders[r]))
+        w = res.params
+        out.append((w, res.weights.clone(), agg.take_diagnostics(), res))
     return out
 
 
@@ -121,12 +122,12 @@ def test_yaml_instantiates_with_the_constructors_defaults(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_weights_are_a_distribution_and_diagnostics_finite(name):
     agg, fed = make(name), Federation()
-    for (w, weights, diagnostics), ids in zip(run_rounds(agg, fed, range(len(ROUNDS))), ROUNDS):
+    for (w, weights, diagnostics, res), ids in zip(run_rounds(agg, fed, range(len(ROUNDS))), ROUNDS):
         assert weights.shape == (len(ids),) and bool((weights >= 0).all())
         assert float(weights.sum()) == pytest.approx(1.0, abs=1e-5)
         assert w.shape == fed.w0.shape and bool(torch.isfinite(w).all())
         assert all(math.isfinite(v) for v in diagnostics.values()), diagnostics
-    buffers = agg.buffer_weights(fed.inputs(agg, 2, w))
+    buffers = res.weights_for_buffers()
     assert float(buffers.sum()) == pytest.approx(1.0, abs=1e-5)
 
 
@@ -136,7 +137,7 @@ def test_clients_are_known_by_id_not_by_position(name):
     listed = run_rounds(make(name), fed, range(len(ROUNDS)))
     orders = [list(reversed(range(len(ids)))) if r % 2 == 0 else [1, 2, 0] for r, ids in enumerate(ROUNDS)]
     shuffled = run_rounds(make(name), fed, range(len(ROUNDS)), orders)
-    for (w_a, p_a, _), (w_b, p_b, _), order in zip(listed, shuffled, orders):
+    for (w_a, p_a, _, _), (w_b, p_b, _, _), order in zip(listed, shuffled, orders):
         torch.testing.assert_close(w_b, w_a, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(p_b, p_a[order], rtol=1e-4, atol=1e-6)
 
@@ -152,7 +153,7 @@ def test_state_round_trip_through_a_checkpoint_continues_bit_for_bit(name):
     resumed.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False))
     w = fed.w0 + 0.05
     a, b = whole.aggregate(fed.inputs(whole, 2, w)), resumed.aggregate(fed.inputs(resumed, 2, w))
-    assert torch.equal(a, b) and torch.equal(whole.last_weights, resumed.last_weights)
+    assert torch.equal(a.params, b.params) and torch.equal(a.weights, b.weights)
     assert whole.take_diagnostics() == resumed.take_diagnostics()
 
 

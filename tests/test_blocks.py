@@ -97,8 +97,9 @@ def test_aggregators_give_the_same_model_in_blocks(name):
     outs = []
     for rows in (None, ROWS):
         agg, extra = EXACT[name]()
-        new = [agg.aggregate(_inputs(rows, seed=r, **extra)) for r in (0, 1)]  # two rounds: state carried in blocks
-        outs.append((new, agg.last_weights, agg.buffer_weights(_inputs(rows, **extra)), agg.take_diagnostics()))
+        results = [agg.aggregate(_inputs(rows, seed=r, **extra)) for r in (0, 1)]  # two rounds: state carried in blocks
+        res = results[-1]
+        outs.append(([r.params for r in results], res.weights, res.weights_for_buffers(), agg.take_diagnostics()))
     (new0, w0, bw0, d0), (new1, w1, bw1, d1) = outs
     for a, b in zip(new0, new1):
         torch.testing.assert_close(b, a, **BLOCKED)
@@ -112,9 +113,10 @@ def test_ewwa_elementwise_on_a_model_without_buffers_weights_parameters_as_sampl
     empty = {"global_buffers": torch.zeros(0), "client_buffers": torch.zeros(K, 0)}
     x = _inputs(rows, **empty)
     elementwise, samples = EWWA(buffers="elementwise"), EWWA()
-    assert torch.equal(elementwise.aggregate(x), samples.aggregate(x))
-    assert torch.equal(elementwise.last_weights, samples.last_weights)
-    assert elementwise.buffer_weights(x).shape == (K, 0)
+    elementwise_res, samples_res = elementwise.aggregate(x), samples.aggregate(x)
+    assert torch.equal(elementwise_res.params, samples_res.params)
+    assert torch.equal(elementwise_res.weights, samples_res.weights)
+    assert elementwise_res.weights_for_buffers().shape == (K, 0)
 
 
 def test_ewwa_log_shift_takes_one_minimum_across_blocks():
@@ -122,9 +124,11 @@ def test_ewwa_log_shift_takes_one_minimum_across_blocks():
     x = _inputs(None)
     x.client_params[3, -5] -= 40.0  # the round's most negative step sits in the last block only
     whole, blocked = EWWA(), EWWA()
-    new = whole.aggregate(x)
+    whole_res = whole.aggregate(x)
+    new = whole_res.params
     assert len(column_blocks(K, P, ROWS)) > 1
-    got = blocked.aggregate(dataclasses.replace(x, block_rows=ROWS))
+    blocked_res = blocked.aggregate(dataclasses.replace(x, block_rows=ROWS))
+    got = blocked_res.params
     torch.testing.assert_close(got, new, **BLOCKED)
 
 
@@ -132,7 +136,7 @@ def test_fedcams_in_row_blocks_matches_to_rounding_and_keeps_errors_per_id():
     outs = []
     for rows in (None, ROWS):
         agg = FedCAMS(compressor="topk", ratio=0.1)
-        new = [agg.aggregate(_inputs(rows, seed=r)) for r in (0, 1)]
+        new = [agg.aggregate(_inputs(rows, seed=r)).params for r in (0, 1)]
         outs.append((new, agg.errors, agg.take_diagnostics()))
     (new0, e0, d0), (new1, e1, d1) = outs
     assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(new0, new1))

@@ -15,27 +15,28 @@ IDS = torch.tensor([0, 1, 2])
 
 def test_sample_weighting_matches_hand_computation():
     # D = [1/4, 1/2, 1/4]: 1/4*[1,2,3,4] + 1/2*[2,0,0,-2] + 1/4*[0,3,0,3]
-    new = FedAvg().aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS, round=1))
+    new = FedAvg().aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS, round=1)).params
     assert torch.allclose(new, torch.tensor([1.25, 1.25, 0.75, 0.75]))
 
 
 def test_uniform_weighting_is_the_plain_mean():
     agg = FedAvg(weighting="uniform")
-    new = agg.aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS, round=1))
+    res = agg.aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS, round=1))
+    new = res.params
     assert torch.allclose(new, torch.tensor([1.0, 5.0 / 3.0, 1.0, 5.0 / 3.0]))
-    assert torch.allclose(agg.last_weights, torch.full((3,), 1.0 / 3.0))
+    assert torch.allclose(res.weights, torch.full((3,), 1.0 / 3.0))
 
 
 def test_reports_the_weights_it_used():
     agg = FedAvg()
-    agg.aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS, round=1))
-    assert torch.allclose(agg.last_weights, torch.tensor([0.25, 0.5, 0.25]))
+    res = agg.aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS, round=1))
+    assert torch.allclose(res.weights, torch.tensor([0.25, 0.5, 0.25]))
 
 
 def test_identical_clients_return_that_client_and_single_client_is_itself():
     same = W_CLIENTS[:1].repeat(3, 1)
-    assert torch.equal(FedAvg().aggregate(RoundInputs.of(W_GLOBAL, same, num_samples=SAMPLES, client_ids=IDS, round=1)), W_CLIENTS[0])
-    one = FedAvg().aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS[1:2], num_samples=SAMPLES[1:2], client_ids=IDS[1:2], round=1))
+    assert torch.equal(FedAvg().aggregate(RoundInputs.of(W_GLOBAL, same, num_samples=SAMPLES, client_ids=IDS, round=1)).params, W_CLIENTS[0])
+    one = FedAvg().aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS[1:2], num_samples=SAMPLES[1:2], client_ids=IDS[1:2], round=1)).params
     assert torch.equal(one, W_CLIENTS[1])
 
 
@@ -54,9 +55,10 @@ class InverseSize(fedagg.Aggregator):
 
 def test_a_subclass_overriding_only_client_weights_gets_fedavgs_update_with_its_weights():
     agg = InverseSize()
-    new = agg.aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS))
+    res = agg.aggregate(RoundInputs.of(W_GLOBAL, W_CLIENTS, num_samples=SAMPLES, client_ids=IDS))
+    new = res.params
     p = torch.tensor([0.4, 0.2, 0.4])  # 1/n = [1, 1/2, 1], normalised
-    assert torch.allclose(agg.last_weights, p)
+    assert torch.allclose(res.weights, p)
     assert torch.allclose(new, W_GLOBAL + p @ (W_CLIENTS - W_GLOBAL))  # w + sum_k p_k (W_k - w)
     assert torch.allclose(new, torch.tensor([0.8, 2.0, 1.2, 2.4]))  # by hand
-    assert agg.buffer_weights(RoundInputs.of(W_GLOBAL, W_CLIENTS)) is agg.last_weights  # buffers follow the weights
+    assert res.weights_for_buffers() is res.weights  # buffers follow the weights

@@ -34,35 +34,39 @@ def agg(rule, models, w=None, **kw):
 # ---------------------------------------------------------------- median and trimmed mean
 def test_median_odd_count_and_the_share_each_client_is_kept():
     rule = Median()
-    new = agg(rule, [[1.0, 9.0, 0.0], [3.0, 2.0, 0.5], [2.0, 100.0, 7.0]])  # client 2: an outlier in two coordinates
+    res = agg(rule, [[1.0, 9.0, 0.0], [3.0, 2.0, 0.5], [2.0, 100.0, 7.0]])  # client 2: an outlier in two coordinates
+    new = res.params
     assert torch.equal(new, torch.tensor([2.0, 9.0, 0.5]))
-    assert torch.allclose(rule.last_weights, torch.tensor([1 / 3, 1 / 3, 1 / 3]))  # each is the median once
+    assert torch.allclose(res.weights, torch.tensor([1 / 3, 1 / 3, 1 / 3]))  # each is the median once
 
 
 def test_median_even_count_averages_the_two_middle_values():
     rule = Median()
-    new = agg(rule, [[1.0, -4.0], [4.0, 0.0], [2.0, 1.0], [1e6, 2.0]])
+    res = agg(rule, [[1.0, -4.0], [4.0, 0.0], [2.0, 1.0], [1e6, 2.0]])
+    new = res.params
     assert torch.equal(new, torch.tensor([3.0, 0.5]))  # (2 + 4) / 2 and (0 + 1) / 2: the far value changes nothing
     # middle values: coordinate 0 clients 2 and 1, coordinate 1 clients 1 and 2, each a half
-    assert torch.allclose(rule.last_weights, torch.tensor([0.0, 0.5, 0.5, 0.0]))
+    assert torch.allclose(res.weights, torch.tensor([0.0, 0.5, 0.5, 0.0]))
 
 
 def test_median_with_ties():
     rule = Median()
-    new = agg(rule, [[5.0, 1.0], [5.0, 1.0], [5.0, 3.0]])
+    res = agg(rule, [[5.0, 1.0], [5.0, 1.0], [5.0, 3.0]])
+    new = res.params
     assert torch.equal(new, torch.tensor([5.0, 1.0]))
-    assert float(rule.last_weights.sum()) == pytest.approx(1.0) and bool((rule.last_weights >= 0).all())
+    assert float(res.weights.sum()) == pytest.approx(1.0) and bool((res.weights >= 0).all())
 
 
 def test_trimmed_mean_drops_the_extremes_of_each_coordinate():
     rule = TrimmedMean(beta=0.2)  # K = 5: b = 1 from each end
     models = [[1.0, 10.0], [2.0, -50.0], [3.0, 11.0], [4.0, 12.0], [100.0, 13.0]]
-    new = agg(rule, models)
+    res = agg(rule, models)
+    new = res.params
     assert torch.allclose(new, torch.tensor([(2 + 3 + 4) / 3, (10 + 11 + 12) / 3]))
     # kept values: coordinate 0 clients 1, 2, 3; coordinate 1 clients 0, 2, 3 -> shares of 6 kept values
-    assert torch.allclose(rule.last_weights, torch.tensor([1, 1, 2, 2, 0]) / 6)
-    assert torch.allclose(agg(TrimmedMean(beta=0.0), models), torch.tensor(models).mean(0))  # beta 0: the mean
-    assert torch.allclose(agg(TrimmedMean(beta=0.2), models[:4]), torch.tensor(models[:4]).mean(0))  # K = 4: b = 0
+    assert torch.allclose(res.weights, torch.tensor([1, 1, 2, 2, 0]) / 6)
+    assert torch.allclose(agg(TrimmedMean(beta=0.0), models).params, torch.tensor(models).mean(0))  # beta 0: the mean
+    assert torch.allclose(agg(TrimmedMean(beta=0.2), models[:4]).params, torch.tensor(models[:4]).mean(0))  # K = 4: b = 0
     with pytest.raises(ValueError, match=r"aggregator.beta=0.5 is not allowed; it must be in \[0, 0.5\)"):
         TrimmedMean(beta=0.5)
 
@@ -81,18 +85,20 @@ def test_krum_picks_the_model_closest_to_its_neighbours():
     rule = Krum(f=1)  # K = 5, f = 1: each score sums the 2 nearest squared distances
     scores = krum_scores_by_hand(CLUSTER, 2)  # [2, 2.44, 2.04, 2.44, 1681.24]: client 0 wins
     best = int(np.argmin(scores))
-    new = agg(rule, CLUSTER)
+    res = agg(rule, CLUSTER)
+    new = res.params
     assert best == 0 and torch.equal(new, torch.tensor(CLUSTER[0]))
-    assert torch.equal(rule.last_weights, torch.tensor([1.0, 0, 0, 0, 0]))
+    assert torch.equal(res.weights, torch.tensor([1.0, 0, 0, 0, 0]))
 
 
 def test_multikrum_averages_the_lowest_scores():
     rule = MultiKrum(f=1)  # m = K - f = 4: everyone but the outlier
-    new = agg(rule, CLUSTER)
+    res = agg(rule, CLUSTER)
+    new = res.params
     assert torch.allclose(new, torch.tensor(CLUSTER[:4]).mean(0))
-    assert torch.allclose(rule.last_weights, torch.tensor([0.25, 0.25, 0.25, 0.25, 0.0]))
+    assert torch.allclose(res.weights, torch.tensor([0.25, 0.25, 0.25, 0.25, 0.0]))
     two = MultiKrum(f=1, m=2)
-    assert torch.allclose(agg(two, CLUSTER), torch.tensor([0.0, 0.5]))  # clients 0 and 2 score lowest
+    assert torch.allclose(agg(two, CLUSTER).params, torch.tensor([0.0, 0.5]))  # clients 0 and 2 score lowest
 
 
 def test_krum_assumes_the_attacks_fraction_and_refuses_rounds_too_small():
@@ -120,14 +126,15 @@ def test_geomed_is_the_geometric_median_and_resists_an_outlier():
     n = torch.tensor([1, 2, 1, 1, 1])
     rule = GeoMed(max_iter=200, tol=1e-12)
     w = torch.tensor([0.5, 0.5])  # computed on the updates W_k - w: the same median
-    new = agg(rule, points, w=w, num_samples=n)
+    res = agg(rule, points, w=w, num_samples=n)
+    new = res.params
     expected = weiszfeld_reference(points, n.numpy() / 6)
     assert np.allclose(new.double().numpy(), expected, atol=1e-4)
     cluster, mean = np.asarray(points[:4]).mean(0), n.numpy() / 6 @ np.asarray(points)
     assert np.linalg.norm(expected - cluster) < np.linalg.norm(mean - cluster) / 5  # the outlier barely pulls it
-    assert torch.allclose(rule.last_weights, torch.full((5,), 0.2))  # SPEC: uniform reported weights
+    assert torch.allclose(res.weights, torch.full((5,), 0.2))  # SPEC: uniform reported weights
     ten = GeoMed()  # SPEC's 10 steps at most: close already
-    assert np.allclose(agg(ten, points, w=w, num_samples=n).double().numpy(), expected, atol=0.05)
+    assert np.allclose(agg(ten, points, w=w, num_samples=n).params.double().numpy(), expected, atol=0.05)
     assert 1 <= ten.take_diagnostics()["weiszfeld_steps"] <= 10
 
 
@@ -141,12 +148,15 @@ def test_centered_clip_moves_each_offset_at_most_tau():
     rule = CenteredClip(tau=1.0)
     updates = torch.tensor([[0.5, 0.0], [0.0, 0.5], [10.0, 0.0]])
     w = torch.tensor([1.0, -1.0])
-    new = agg(rule, w + updates, w=w)
+    res = agg(rule, w + updates, w=w)
+    new = res.params
     # from v = 0: norms 0.5, 0.5, 10 -> scales 1, 1, 0.1 -> v = mean([.5, 0], [0, .5], [1, 0])
     assert torch.allclose(new, w + torch.tensor([0.5, 0.5 / 3]))
     momentum = CenteredClip(tau=1.0, start="momentum")
-    first = agg(momentum, w + updates, w=w)
-    second = agg(momentum, w + updates, w=w)  # starts from the first round's v this time
+    momentum_res = agg(momentum, w + updates, w=w)
+    first = momentum_res.params
+    momentum_res = agg(momentum, w + updates, w=w)  # starts from the first round's v this time
+    second = momentum_res.params
     v1 = first - w
     offsets = updates - v1
     scale = (1.0 / offsets.norm(dim=1)).clamp(max=1.0)
@@ -167,7 +177,7 @@ def test_bucketing_groups_a_seeded_shuffle():
     models = torch.arange(10.0).view(5, 2)
     n = torch.tensor([1, 2, 3, 4, 5])
     rule = Recorder(bucket_size=2)
-    rule.aggregate(RoundInputs.of(torch.zeros(2), models, num_samples=n, round=3, seed=7))
+    res = rule.aggregate(RoundInputs.of(torch.zeros(2), models, num_samples=n, round=3, seed=7))
     perm = torch.randperm(5, generator=generator(7, "bucketing", 3))  # of the clients in ascending id (0..4 here)
     groups = perm.split(2)  # sizes 2, 2, 1
     seen_models, seen_n = rule.seen
@@ -176,18 +186,20 @@ def test_bucketing_groups_a_seeded_shuffle():
     expected = torch.zeros(5)
     for g in groups:
         expected[g] = (1 / 3) / len(g)  # a bucket's weight, shared by its members
-    assert torch.allclose(rule.last_weights, expected)
+    assert torch.allclose(res.weights, expected)
     listed_otherwise = Recorder(bucket_size=2)  # the same clients listed in another order: the same buckets
-    listed_otherwise.aggregate(RoundInputs.of(torch.zeros(2), models.flip(0), num_samples=n.flip(0),
+    listed_otherwise_res = listed_otherwise.aggregate(RoundInputs.of(torch.zeros(2), models.flip(0), num_samples=n.flip(0),
                                               client_ids=torch.arange(5).flip(0), round=3, seed=7))
     assert torch.equal(listed_otherwise.seen[0], seen_models)
-    assert torch.allclose(listed_otherwise.last_weights, expected.flip(0))
+    assert torch.allclose(listed_otherwise_res.weights, expected.flip(0))
 
 
 def test_bucketing_lets_the_median_average_honest_clients():
     models = torch.tensor([[1.0], [1.0], [1.0], [1.0], [5.0], [5.0]])
-    plain = agg(Median(), models)
-    bucketed = agg(Median(bucket_size=3), models, seed=0)
+    Median_res = agg(Median(), models)
+    plain = Median_res.params
+    Median_res = agg(Median(bucket_size=3), models, seed=0)
+    bucketed = Median_res.params
     assert torch.equal(plain, torch.tensor([1.0])) and 1.0 <= float(bucketed) <= 5.0
 
 

@@ -1,5 +1,5 @@
 """Server aggregation rules over flat parameter vectors (one class per method)."""
 
-from fedagg.aggregators.base import Aggregator, FedAvg
+from fedagg.aggregators.base import AggregateResult, Aggregator, FedAvg
 
-__all__ = ["Aggregator", "FedAvg"]
+__all__ = ["AggregateResult", "Aggregator", "FedAvg"]

@@ -2,10 +2,12 @@
 
 A method overrides one step: `client_weights(inputs)` (how clients are weighted) or
 `server_update(inputs, update)` (how the weighted mean update is applied). `aggregate`
-ties them together and records the weights it used in `last_weights`, which the round
-loop uses for BatchNorm buffers, the `client_update_norm` diagnostic and `weights.csv`. A
-method whose rule is not "weights, then one update" overrides `aggregate` itself and still
-sets `last_weights` ([K], summing to 1; element-wise rules report each client's mean weight).
+ties them together and returns an `AggregateResult`: the new parameters and the weights it
+used, which the round loop uses for BatchNorm buffers, the `client_update_norm` diagnostic
+and `weights.csv`. A method whose rule is not "weights, then one update" overrides
+`aggregate` itself and returns its weights the same way ([K], summing to 1; element-wise
+rules report each client's mean weight). The result is returned, never left on the object,
+so that a method cannot forget to report its weights and have the loop show another's.
 
 What a method needs beyond the always-present fields of `RoundInputs` it declares in
 `needs`; what a participant receives and sends, in bits, in `bits(num_params)` (dense 32-bit
@@ -17,6 +19,7 @@ id (`inputs.client_ids`), never by its position in this round's sample.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
@@ -30,6 +33,29 @@ Weighting = Literal["samples", "uniform"]  # p = D, or 1/K
 WEIGHTINGS = get_args(Weighting)
 
 
+@dataclass(frozen=True)
+class AggregateResult:
+    """What one `aggregate` call produced.
+
+    params: [P] the new global parameters (what clients receive next round).
+    weights: [K] each participant's weight, non-negative, summing to 1 (weights.csv).
+    buffer_weights: [K] or [K, B] weights for the BatchNorm buffers; None: `weights`.
+    evaluated: [P] the parameters the test set scores, when the method's paper scores
+    another model than `params` (FedNNNN's plain average); None: `params`.
+    """
+
+    params: Tensor
+    weights: Tensor
+    buffer_weights: Tensor | None = None
+    evaluated: Tensor | None = None
+
+    def weights_for_buffers(self) -> Tensor:
+        return self.weights if self.buffer_weights is None else self.buffer_weights
+
+    def tested_params(self) -> Tensor:
+        return self.params if self.evaluated is None else self.evaluated
+
+
 def sample_weights(num_samples: Tensor) -> Tensor:
     """D_k = n_k / sum_j n_j, as float on the samples' device."""
     n = num_samples.to(torch.float32)
@@ -40,7 +66,6 @@ class Aggregator:
     """FedAvg (McMahan 2017): w + sum_k p_k (W_k - w), p = D (samples) or 1/K (uniform)."""
 
     needs: Needs = Needs()
-    last_weights: Tensor | None = None  # [K] the weights of the last aggregate
     _reported: dict[str, float] | None = None
 
     @checked("aggregator.")
@@ -67,22 +92,11 @@ class Aggregator:
         """Apply the weighted mean update sum_k p_k Delta_k to the global parameters."""
         return inputs.global_params + update
 
-    def aggregate(self, inputs: RoundInputs) -> Tensor:
-        """The new global parameters [P]."""
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
+        """The new global parameters [P] and the weights [K] that made them (buffers follow the weights)."""
         weights = self.client_weights(inputs).to(inputs.client_params.dtype)
-        self.last_weights = weights
         update = weighted_update(weights, inputs.client_params, inputs.global_params, inputs.block_rows)
-        return self.server_update(inputs, update)
-
-    def buffer_weights(self, inputs: RoundInputs) -> Tensor:
-        """[K] weights for averaging buffers (BatchNorm statistics): the client weights just used.
-        A method may return [K, B], a weight per client and buffer element (EWWA-FL)."""
-        return self.last_weights if self.last_weights is not None else sample_weights(inputs.num_samples)
-
-    def evaluated_params(self, global_params: Tensor) -> Tensor:
-        """The parameters the test set scores after this round: the new global model, unless the
-        method's paper evaluates another one (FedNNNN's plain average)."""
-        return global_params
+        return AggregateResult(self.server_update(inputs, update), weights)
 
     def report(self, **scalars: float) -> None:
         """Record per-round diagnostics; the loop writes them as `agg_<name>` columns."""

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.aggregators.base import AggregateResult, Aggregator, sample_weights
 from fedagg.aggregators.blocks import column_blocks
 from fedagg.aggregators.inputs import Needs, RoundInputs
 from fedagg.config.constraints import Range, checked
@@ -78,10 +78,8 @@ class EWWA(Aggregator):
         self.optimizer, self.moments, self.weighting, self.buffers = optimizer, moments, weighting, buffers
         self.needs = Needs(buffers=self.buffers == "elementwise")
         self.lr, self.beta1, self.beta2, self.eps = float(lr), float(beta1), float(beta2), float(eps)
-        self.last_weights: Tensor | None = None
         self.m: Tensor | None = None  # [P] first moment ([P + B] elementwise); zeros before the first round (Alg. 2 line 2)
         self.v: Tensor | None = None  # [P] second moment, likewise (Alg. 2 line 3)
-        self.last_buffer_weights: Tensor | None = None  # [K, B] under `buffers: elementwise`
         self.step = 0  # rounds this aggregator has aggregated: r of s_r
 
     def _second_moment(self, v: Tensor, g: Tensor) -> Tensor:
@@ -115,7 +113,7 @@ class EWWA(Aggregator):
         v_k = self._second_moment(v, g)  # Alg. 2 line 8 (v, not the printed m)
         return s * m_k / (v_k.sqrt() + self.eps), m_k.mean(dim=0), v_k.mean(dim=0)  # Alg. 2 lines 9-11
 
-    def aggregate(self, inputs: RoundInputs) -> Tensor:
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         global_params, client_params = inputs.global_params, inputs.client_params
         num_params, k = global_params.numel(), inputs.num_clients
         # one vector of parameters then buffers, as the authors' state dicts (`buffers: elementwise`)
@@ -167,17 +165,14 @@ class EWWA(Aggregator):
             p_sums += p.sum(dim=1)
             sample.add(p, at)
         self.m, self.v = m_new, v_new
-        self.last_weights = torch.empty_like(p_sums).index_copy_(0, order, p_sums / num_params)
+        weights = torch.empty_like(p_sums).index_copy_(0, order, p_sums / num_params)
+        # BatchNorm statistics: averaged with D = n_k / n (SPEC's default), or [K, B] element-wise weights
         if self.buffers == "elementwise":
-            self.last_buffer_weights = torch.empty_like(buffer_weights).index_copy_(0, order, buffer_weights)
+            buffer_weights = torch.empty_like(buffer_weights).index_copy_(0, order, buffer_weights)
+        else:
+            buffer_weights = sample_weights(inputs.num_samples)
         self.report(**sample.quantiles())
-        return new
-
-    def buffer_weights(self, inputs: RoundInputs) -> Tensor:
-        """BatchNorm statistics: averaged with D = n_k / n (SPEC's default), or [K, B] element-wise weights."""
-        if self.buffers == "elementwise":
-            return self.last_buffer_weights
-        return sample_weights(inputs.num_samples)
+        return AggregateResult(new, weights, buffer_weights=buffer_weights)
 
     def state_dict(self) -> dict:
         clone = (lambda t: None if t is None else t.detach().clone())

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Weighting
+from fedagg.aggregators.base import AggregateResult, Weighting
 from fedagg.aggregators.fedopt import Beta, FedAdam, Rate
 from fedagg.aggregators.blocks import row_blocks
 from fedagg.aggregators.inputs import Bits, RoundInputs, dense
@@ -87,10 +87,9 @@ class FedCAMS(FedAMS):
         keep = x.abs().topk(k, dim=1).indices
         return torch.zeros_like(x).scatter(1, keep, x.gather(1, keep))
 
-    def aggregate(self, inputs: RoundInputs) -> Tensor:
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         global_params, client_params = inputs.global_params, inputs.client_params
         weights = self.client_weights(inputs).to(client_params.dtype)
-        self.last_weights = weights
         ids = [int(i) for i in inputs.client_ids.tolist()]
         update, norms = None, []
         for rows in row_blocks(len(ids), inputs.block_rows):  # each client's compression is its own: a block of rows
@@ -105,7 +104,7 @@ class FedCAMS(FedAMS):
             part = weights[rows] @ sent
             update = part if update is None else update + part
         self.report(error_norm=float(torch.cat(norms).mean()))  # what compression held back
-        return self.server_update(inputs, update)  # FedAMS on sum_k p_k c_k
+        return AggregateResult(self.server_update(inputs, update), weights)  # FedAMS on sum_k p_k c_k
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "errors": {i: e.clone() for i, e in self.errors.items()}}

@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.base import AggregateResult, Aggregator
 from fedagg.aggregators.fedlaw import Betas
 from fedagg.aggregators.inputs import RoundInputs
 from fedagg.config.constraints import Flag, Range, checked
@@ -84,7 +84,7 @@ class FedAWA(Aggregator):
         spread = torch.stack([torch.linalg.vector_norm(tau[:, s] - lam[:, l] @ tau[:, s], dim=1) for l, s in enumerate(layers)], dim=1)
         return (lam * (spread + drift)).sum()  # Eq. (3); Eq. (4) sums the same terms over layers
 
-    def aggregate(self, inputs: RoundInputs) -> Tensor:
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         global_params, client_params = inputs.global_params, inputs.client_params
         layers = self.layers(inputs.layout, global_params.numel())
         ids = [int(i) for i in inputs.client_ids.tolist()]
@@ -107,17 +107,14 @@ class FedAWA(Aggregator):
             self.logits[cid] = T[k].clone()
         if self.use_updated:
             lam = torch.softmax(T, dim=0)
-        self.last_weights = lam.mean(dim=1)  # FedAWA-L reports each client's mean weight over layers
+        weights = lam.mean(dim=1)  # FedAWA-L reports each client's mean weight over layers
         new = torch.empty_like(global_params)
         for l, s in enumerate(layers):
             new[s] = lam[:, l] @ client_params[:, s] / lam[:, l].sum()  # Σ λ_k W_k / Σ λ_k, per layer
         if self.gamma != 1.0:
             new *= self.gamma  # the authors' code's `gamma` ("vector_scale"), 1 there by default; buffers too
-        return new
-
-    def buffer_weights(self, inputs: RoundInputs) -> Tensor:
-        """λ, scaled by `gamma` as the authors' code scales every entry of the state, statistics included."""
-        return self.gamma * self.last_weights
+        # buffers: λ, scaled by `gamma` as the authors' code scales every entry of the state, statistics included
+        return AggregateResult(new, weights, buffer_weights=self.gamma * weights)
 
     def optimizer(self, T: Tensor) -> torch.optim.Optimizer:
         if self.server_optimizer == "sgd":

@@ -16,12 +16,13 @@ code's), and Δ_k and ‖Δ_k‖² are weighted by data share (`weighting: sampl
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator, Weighting
+from fedagg.aggregators.base import AggregateResult, Aggregator, Weighting
 from fedagg.aggregators.blocks import update_norms
 from fedagg.aggregators.inputs import RoundInputs
 from fedagg.config.constraints import Flag, Range, checked
@@ -52,13 +53,14 @@ class FedExP(Aggregator):
         if self.weighting == "uniform":  # Σ_k ‖Δ_k‖² / (2K (‖Δ̄‖² + ε)), as SPEC writes it
             lr = torch.clamp(norms2.sum() / (2 * k * (update.pow(2).sum() + eps)), min=1.0)
         else:  # Σ_k p_k ‖Δ_k‖² / (2 (‖Δ̄‖² + ε)), p the data shares the mean update used
-            lr = torch.clamp((self.last_weights * norms2).sum() / (2 * (update.pow(2).sum() + eps)), min=1.0)
+            lr = torch.clamp((self.client_weights(inputs).to(update.dtype) * norms2).sum() / (2 * (update.pow(2).sum() + eps)), min=1.0)
         self.report(server_lr=float(lr))
         # round 1 has no earlier global model: the code scores the model after the round
         self.previous = inputs.global_params if inputs.round > 1 else None
         return inputs.global_params + lr * update
 
-    def evaluated_params(self, global_params: Tensor) -> Tensor:
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
+        result = super().aggregate(inputs)
         if self.evaluate == "last_two" and self.previous is not None:
-            return (self.previous + global_params) / 2  # the mean of w_t and w_{t+1}
-        return global_params
+            return replace(result, evaluated=(self.previous + result.params) / 2)  # the mean of w_t and w_{t+1}
+        return result

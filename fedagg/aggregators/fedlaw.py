@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.aggregators.base import AggregateResult, Aggregator, sample_weights
 from fedagg.aggregators.inputs import Needs, RoundInputs
 from fedagg.config.constraints import Items, Range, checked
 
@@ -68,7 +68,7 @@ class FedLAW(Aggregator):
         orders = torch.stack([torch.randperm(num, generator=generator) for _ in range(self.server_epochs)]).to(device)
         return [list(order.tensor_split(-(-num // self.server_batch_size))) for order in orders]
 
-    def aggregate(self, inputs: RoundInputs) -> Tensor:
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         server, layout = inputs.need("server"), inputs.layout
         x_srv, y_srv, model = server.x, server.y, server.model
         W = inputs.client_params.detach()  # constants: only γ and x are learned
@@ -97,6 +97,5 @@ class FedLAW(Aggregator):
         finally:
             model.train(was_training)
         lam, gamma = torch.softmax(x.detach(), dim=0), g.detach().exp()
-        self.last_weights = lam
         self.report(gamma=float(gamma), loss=float(epoch_loss))
-        return gamma * (lam @ W)  # new global γ Σ_k λ_k W_k with the learned values
+        return AggregateResult(gamma * (lam @ W), lam)  # new global γ Σ_k λ_k W_k with the learned values

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator, Weighting
+from fedagg.aggregators.base import AggregateResult, Aggregator, Weighting
 from fedagg.aggregators.inputs import RoundInputs
 from fedagg.config.constraints import Range, checked
 
@@ -36,30 +36,26 @@ class FedNNNN(Aggregator):
         self.evaluate = evaluate
         self.beta, self.gamma = float(beta), float(gamma)
         self.momentum: Tensor | None = None  # d_t, d_0 = 0
-        self.average: Tensor | None = None  # this round's plain average w + a, the model `evaluate: average` tests
 
     def scale(self, mean_norm: Tensor, norm_mean: Tensor) -> Tensor:
         """beta E / N (eq. 8), or 0 when N is too small to normalise (the paper returns w as is)."""
         safe = norm_mean.clamp_min(TINY_NORM)
         return torch.where(norm_mean >= TINY_NORM, self.beta * mean_norm / safe, 0.0)
 
-    def aggregate(self, inputs: RoundInputs) -> Tensor:
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         global_params, client_params = inputs.global_params, inputs.client_params
         p = self.client_weights(inputs).to(client_params.dtype)
-        self.last_weights = p
         delta = client_params - global_params  # eq. 2
         a = p @ delta  # the FedAvg update
-        self.average = global_params + a  # eq. 1: the model the paper evaluates (protocol step 5)
+        average = global_params + a  # eq. 1: the model the paper evaluates (protocol step 5)
         n = torch.linalg.vector_norm(a)  # N, eq. 4
         e = p @ torch.linalg.vector_norm(delta, dim=1)  # E, eq. 5
         d = torch.zeros_like(global_params) if self.momentum is None else self.momentum.to(global_params)
         scale = self.scale(e, n)
         self.report(scale=float(scale))  # beta E / N: how far the mean update is stretched
         self.momentum = self.gamma * d + scale * a  # eq. 12 (Alg. 3 line 11)
-        return global_params + self.momentum  # eq. 13 (Alg. 3 line 12)
-
-    def evaluated_params(self, global_params: Tensor) -> Tensor:
-        return self.average if self.evaluate == "average" and self.average is not None else global_params
+        new = global_params + self.momentum  # eq. 13 (Alg. 3 line 12)
+        return AggregateResult(new, p, evaluated=average if self.evaluate == "average" else None)
 
     def state_dict(self) -> dict:
         return {"momentum": None if self.momentum is None else self.momentum.clone()}

@@ -23,7 +23,7 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator, sample_weights
+from fedagg.aggregators.base import AggregateResult, Aggregator, sample_weights
 from fedagg.aggregators.blocks import weighted_update
 from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
 from fedagg.clients.trainer import LocalSolver
@@ -73,7 +73,7 @@ class FedNova(Aggregator):
             refuse("client.keep_optimizer_state", True, "a_k with momentum assumes each round starts from a zero "
                    "momentum buffer; use client.keep_optimizer_state=false")
 
-    def aggregate(self, inputs: RoundInputs) -> Tensor:
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         steps, lr, solver = inputs.need("local_steps"), inputs.need("local_lr"), inputs.need("local_solver")
         a = normaliser(steps, lr, solver)
         # what τ_eff averages: a_k (SPEC), or the step counts when the code's proximal reading is asked for
@@ -83,15 +83,15 @@ class FedNova(Aggregator):
         # (both sums then add the same numbers in the same order), which makes FedNova FedAvg to the bit
         ratio = (p * (t / a[:, None])).sum(dim=1) / (p * torch.ones_like(a)[:, None]).sum(dim=1)
         q = (p * ratio).to(inputs.client_params.dtype)  # [K] effective weights, summing to τ_eff Σ p_k / a_k
-        self.last_weights = q / q.sum()
+        weights = q / q.sum()
         self.report(tau_eff=float((p * t).sum() / p.sum()), step_scale=float(q.sum()))
         update = weighted_update(q, inputs.client_params, inputs.global_params, inputs.block_rows)
         if self.gmf == 0:
-            return inputs.global_params + update
+            return AggregateResult(inputs.global_params + update, weights)
         # the code's buffer holds U / η_l (its cum_grad over the local lr); the step multiplies η_l back
         scaled = update / lr
         self.velocity = scaled if self.velocity is None else self.gmf * self.velocity.to(scaled) + scaled
-        return inputs.global_params + lr * self.velocity
+        return AggregateResult(inputs.global_params + lr * self.velocity, weights)
 
     def state_dict(self) -> dict:
         return {} if self.velocity is None else {"velocity": self.velocity.clone()}

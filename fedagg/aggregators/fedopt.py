@@ -2,7 +2,7 @@
 
 The clients' weighted mean update g = sum_k p_k Delta_k (the base class's `update`,
 pointing up the change) is treated as a gradient step for a server optimizer with state
-that persists across rounds. Only `server_update` differs from FedAvg, so `last_weights`
+that persists across rounds. Only `server_update` differs from FedAvg, so the reported weights
 stay the plain client weights p.
 
 FedOpt (Reddi et al. 2021, Algorithm 2): m <- b1 m + (1-b1) g; v by the Adam, Yogi or

@@ -9,9 +9,8 @@ are recomputed from scratch each round; no state.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.base import AggregateResult, Aggregator
 from fedagg.aggregators.inputs import RoundInputs
 
 COS_EPS = 1e-8  # guards cos of an all-zero layer (e.g. a BatchNorm bias at init): cos = 0 there
@@ -21,7 +20,7 @@ class LDAWA(Aggregator):
     """`conf/aggregator/ldawa.yaml`: per layer l, new w^l = Σ_k p_{k,l} W_k^l.
 
     A layer where no client has a positive cosine (all clipped to 0, or the global layer is
-    all zeros) falls back to the plain mean over clients for that layer. `last_weights`
+    all zeros) falls back to the plain mean over clients for that layer. The reported weights
     (used for BatchNorm buffers, diagnostics and weights.csv) is each client's mean weight
     over layers.
     """
@@ -29,7 +28,7 @@ class LDAWA(Aggregator):
     def __init__(self) -> None:
         super().__init__()
 
-    def aggregate(self, inputs: RoundInputs) -> Tensor:
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         global_params, client_params, layout = inputs.global_params, inputs.client_params, inputs.layout
         if layout.num_params != global_params.numel():
             raise ValueError(f"ldawa: the layout covers {layout.num_params} parameters but the vectors have {global_params.numel()}")
@@ -45,5 +44,4 @@ class LDAWA(Aggregator):
             p = torch.where(total > 0, score / torch.where(total > 0, total, 1.0), 1.0 / k)  # normalised over clients
             new[s] = p @ W  # w^l = Σ_k p_{k,l} W_k^l
             weights.append(p)
-        self.last_weights = torch.stack(weights, dim=1).mean(dim=1)
-        return new
+        return AggregateResult(new, torch.stack(weights, dim=1).mean(dim=1))

@@ -15,7 +15,7 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import Aggregator
+from fedagg.aggregators.base import AggregateResult, Aggregator
 from fedagg.aggregators.blocks import column_blocks
 from fedagg.aggregators.inputs import ClientSetup, RoundInputs
 from fedagg.config.constraints import Range, checked
@@ -62,7 +62,7 @@ class RobustRule(Aggregator):
         works per coordinate overrides this to go through the columns in blocks (CoordinateWise)."""
         return self.combine(inputs, models(slice(None)), num_samples)
 
-    def aggregate(self, inputs: RoundInputs) -> Tensor:
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         # in ascending client id, so that ties (equal values, equal Krum scores) and buckets follow the ids,
         # never the order the round happened to list its clients in
         order = torch.argsort(inputs.client_ids.to(inputs.client_params.device))
@@ -80,8 +80,7 @@ class RobustRule(Aggregator):
         new, weights = self.combine_models(inputs, models, n)
         if members is not None:
             weights = weights @ members  # a bucket's weight, shared by its members
-        self.last_weights = torch.empty_like(weights).index_copy_(0, order, weights)
-        return new
+        return AggregateResult(new, torch.empty_like(weights).index_copy_(0, order, weights))
 
 
 class CoordinateWise(RobustRule):

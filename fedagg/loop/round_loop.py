@@ -48,6 +48,7 @@ class RoundLoop:
         self.provider = InputsProvider(fed.aggregator.needs, data=fed.data, model=fed.model, clients=fed.clients,
                                        server_idx=fed.server_idx, solver=fed.trainer.solver(), seed=settings.seed)
         self.params, self.buffers = get_params(fed.model), get_buffers(fed.model)
+        self.tested = self.params  # what `evaluate` scores: set by each round's aggregate
         self.metrics, self.weights_log = CSVLog(self.run_dir / "metrics.csv"), CSVLog(self.run_dir / "weights.csv")
         self.clients_log = CSVLog(self.run_dir / "clients.csv")  # per-client accuracy, with eval.per_client
         self.summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
@@ -104,9 +105,9 @@ class RoundLoop:
             val_indices=self.provider.val_indices(chosen), budgets=budgets))
         self.attack(r, ids, result)
         inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr, fed.engine.clients_in_memory)
-        new_params = fed.aggregator.aggregate(inputs)
+        out = fed.aggregator.aggregate(inputs)
+        new_params, weights = out.params, out.weights
         data_weights = sample_weights(inputs.num_samples)
-        weights = fed.aggregator.last_weights if fed.aggregator.last_weights is not None else data_weights
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
                **round_diagnostics(self.params, new_params, result.params, weights, inputs.block_rows),
                "lr": lr, "clients": len(chosen), **bits,
@@ -114,8 +115,8 @@ class RoundLoop:
         self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t)}
                                 for i, w, n, t in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
                                                       result.local_steps.tolist()))
-        self.params = new_params
-        self.buffers = combine_buffers(result.buffers, fed.aggregator.buffer_weights(inputs))
+        self.params, self.tested = new_params, out.tested_params()
+        self.buffers = combine_buffers(result.buffers, out.weights_for_buffers())
         return row
 
     def attack(self, r: int, ids: list[int], result: RoundResult) -> None:
@@ -130,7 +131,7 @@ class RoundLoop:
         self.provider.rescore(result, rows, self.fed.engine.eval_batch_size)
 
     def evaluate(self, row: dict) -> None:
-        set_params(self.fed.model, self.fed.aggregator.evaluated_params(self.params))
+        set_params(self.fed.model, self.tested)  # the model the method's paper scores (AggregateResult.evaluated)
         set_buffers(self.fed.model, self.buffers)
         acc, loss = evaluate(self.fed.model, self.fed.data.eval_batches(None, self.fed.engine.eval_batch_size))
         row.update(test_acc=acc, test_loss=loss)
