@@ -20,7 +20,7 @@ id (`inputs.client_ids`), never by its position in this round's sample.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -66,6 +66,10 @@ class Aggregator:
     """FedAvg (McMahan 2017): w + sum_k p_k (W_k - w), p = D (samples) or 1/K (uniform)."""
 
     needs: Needs = Needs()
+    # True: the new model is a server step on sum_k p_k Delta_k with p fixed before any update is seen
+    # (weighting=uniform gives p = 1/K): channel=dp's noise on that mean is then all the server reveals.
+    # Opt-in: a rule that looks at the updates (Krum, medians, FedAdp, FedExP's step size) keeps False.
+    weighted_mean: ClassVar[bool] = False
     _reported: dict[str, float] | None = None
 
     @checked("aggregator.")
@@ -118,3 +122,5 @@ class Aggregator:
 
 class FedAvg(Aggregator):
     """`conf/aggregator/fedavg.yaml`; the base class already is FedAvg."""
+
+    weighted_mean = True

@@ -62,6 +62,8 @@ class FedAMS(FedAdam):
 class FedCAMS(FedAMS):
     """`conf/aggregator/fedcams.yaml`: FedAMS on g = sum_k p_k C(Delta_k + e_k), error feedback per client id."""
 
+    weighted_mean = False  # it compresses inside: channel=dp would clip what it then changes
+
     @checked("aggregator.")
     def __init__(
         self,

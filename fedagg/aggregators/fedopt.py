@@ -34,6 +34,8 @@ def _clone(t: Tensor | None) -> Tensor | None:
 class FedAvgM(Aggregator):
     """`conf/aggregator/fedavgm.yaml`: b <- momentum * b + g; w <- w + lr * b (Hsu et al. 2019)."""
 
+    weighted_mean = True  # a server optimizer on the weighted mean: post-processing of it
+
     @checked("aggregator.")
     def __init__(self, weighting: Weighting = "samples", lr: Rate = 1.0, momentum: Beta = 0.9) -> None:
         super().__init__(weighting)
@@ -54,6 +56,8 @@ class FedAvgM(Aggregator):
 
 class FedOpt(Aggregator):
     """Adaptive server step w + lr * m / (sqrt(v) + tau); a subclass gives the v rule."""
+
+    weighted_mean = True  # a server optimizer on the weighted mean: post-processing of it
 
     @checked("aggregator.")
     def __init__(

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.inputs import ClientSetup, Needs
 from fedagg.attacks.base import Attack
+from fedagg.channel.base import Channel
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
@@ -48,6 +49,7 @@ class Parts:
     logger: Tracker = field(default_factory=Tracker)
     system: System = field(default_factory=System)  # who is online, reports, and how many steps each takes
     attack: Attack = field(default_factory=Attack)  # which clients are corrupted, and how
+    channel: Channel | list | None = None  # what clients send (compression, privacy): a Channel or a list of stages
 
 
 @dataclass
@@ -64,6 +66,7 @@ class Federation:
     system: System = field(default_factory=System)
     attack: Attack = field(default_factory=Attack)
     corrupted: list[int] = field(default_factory=list)  # ids of the corrupted clients
+    channel: Channel = field(default_factory=Channel)
     settings: Settings | None = None  # as run: num_clients=None resolved to the dataset's number of clients
 
 
@@ -78,6 +81,8 @@ def connect(parts: Parts, settings: Settings) -> None:
         trainer.objective = half
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
+    parts.channel = Channel.of(parts.channel)
+    parts.channel.check(parts.aggregator, settings.num_clients, settings.per_round)
     check_held_out(trainer.val_frac, trainer.test_frac, parts.aggregator.needs, settings.eval_per_client)
     fraction = parts.attack.fraction
     if fraction > 0 and int(fraction * settings.num_clients) == 0:  # legal, but no client is corrupted
@@ -173,4 +178,4 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
         own = torch.cat([torch.cat([clients[i].train_idx, clients[i].val_idx]) for i in corrupted])
         data.train_y = parts.attack.poison_labels(data.train_y, own, data.num_classes)
     return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
-                      parts.system, parts.attack, corrupted, settings)
+                      parts.system, parts.attack, corrupted, parts.channel, settings)

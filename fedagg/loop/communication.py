@@ -5,10 +5,9 @@ BatchNorm buffers and what the method adds (SCAFFOLD's c). Up is what the client
 report send back: their model (as the method sends it: FedCAMS compresses it) and their
 buffers. A straggler sends its model after fewer steps, so it counts in full; a client
 that drops out (`system=dropout`) was sent the model but sends nothing back. What a method
-sends per client it declares in `Aggregator.bits`; buffers are always dense 32-bit.
-
-One object for the whole count, so that the upload channel stage (DESIGN "One upload
-channel") can take it over and count what each client's message really holds.
+sends per client it declares in `Aggregator.bits`; buffers are always dense 32-bit. A
+channel that compresses (`channel=topk`, ...) replaces the aggregator's up count with what
+its last compressor sends (SPEC "Upload channel").
 """
 
 from __future__ import annotations
@@ -17,21 +16,25 @@ import logging
 
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.inputs import dense
+from fedagg.channel.base import Channel
 
 log = logging.getLogger(__name__)
 
 
 class BitCounter:
-    def __init__(self, aggregator: Aggregator, num_params: int, num_buffers: int) -> None:
+    def __init__(self, aggregator: Aggregator, num_params: int, num_buffers: int, channel: Channel | None = None) -> None:
         self.aggregator, self.num_params, self.num_buffers = aggregator, num_params, num_buffers
+        self.channel = channel if channel is not None else Channel()
         self.up_total: int | None = 0  # None: unknown (resumed from a checkpoint that did not count)
         self.down_total: int | None = 0
 
     def count(self, sampled: int, reported: int) -> dict[str, int | None]:
         """The round's metrics columns: bits sent down to `sampled` clients, up from the `reported` ones, totals."""
         per_client = self.aggregator.bits(self.num_params)
+        sent = self.channel.bits_up(self.num_params)
+        up_each = per_client.up if sent is None else sent
         buffers = dense(self.num_buffers)
-        down, up = sampled * (per_client.down + buffers), reported * (per_client.up + buffers)
+        down, up = sampled * (per_client.down + buffers), reported * (up_each + buffers)
         if self.up_total is not None:
             self.down_total, self.up_total = self.down_total + down, self.up_total + up
         return {"bits_down": down, "bits_up": up, "bits_down_total": self.down_total, "bits_up_total": self.up_total}

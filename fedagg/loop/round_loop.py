@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import sample_weights
-from fedagg.data.seeding import generator
 from fedagg.engines.base import RoundJob, RoundResult
 from fedagg.loop.assembly import Federation
 from fedagg.loop.checkpoints import rng_state, save_atomically, save_checkpoint, set_rng_state
@@ -59,7 +58,7 @@ class RoundLoop:
         self.summary["corrupted_clients"] = fed.corrupted
         self.saved_round, self.saved_summary = 0, dict(self.summary)  # as of the latest checkpoint
         self.corrupted = set(fed.corrupted)
-        self.bits = BitCounter(fed.aggregator, self.params.numel(), self.buffers.numel())
+        self.bits = BitCounter(fed.aggregator, self.params.numel(), self.buffers.numel(), fed.channel)
 
     # -- checkpoints ---------------------------------------------------------------------
     def state(self, elapsed: float) -> dict:
@@ -68,7 +67,7 @@ class RoundLoop:
             "aggregator": self.fed.aggregator.state_dict(), "trainer": self.fed.trainer.state_dict(),
             "rng": rng_state(), "summary": self.summary, "elapsed_s": elapsed,
             "metrics": self.metrics.rows, "weights": self.weights_log.rows, "clients": self.clients_log.rows,
-            "bits": self.bits.state_dict(),
+            "bits": self.bits.state_dict(), "channel": self.fed.channel.state_dict(),
         }
 
     def restore(self, ckpt: dict) -> None:
@@ -82,6 +81,7 @@ class RoundLoop:
         self.weights_log.reset(ckpt["weights"])
         self.clients_log.reset(ckpt.get("clients", []))
         self.bits.load_state_dict(ckpt.get("bits"))
+        self.fed.channel.load_state_dict(ckpt.get("channel"))
         self.next_round, self.elapsed_before = ckpt["round"] + 1, ckpt["elapsed_s"]
         self.saved_round, self.saved_summary = ckpt["round"], dict(self.summary)
         log.info("resuming after round %d", ckpt["round"])
@@ -103,15 +103,16 @@ class RoundLoop:
         result = fed.engine.train_round(RoundJob(
             fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=seed, round=r,
             val_indices=self.provider.val_indices(chosen), budgets=budgets))
-        self.attack(r, ids, result)
+        self.transmit(r, ids, result)
         inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr, fed.engine.clients_in_memory)
         out = fed.aggregator.aggregate(inputs)
         new_params, weights = out.params, out.weights
         data_weights = sample_weights(inputs.num_samples)
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
                **round_diagnostics(self.params, new_params, result.params, weights, inputs.block_rows),
-               "lr": lr, "clients": len(chosen), **bits,
+               "lr": lr, "clients": len(chosen), **bits, **(sent := fed.channel.metrics()),
                **{f"agg_{k}": v for k, v in fed.aggregator.take_diagnostics().items()}}
+        self.summary.update({f"final_{k}": v for k, v in sent.items()})  # e.g. final_dp_epsilon
         self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t)}
                                 for i, w, n, t in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
                                                       result.local_steps.tolist()))
@@ -119,16 +120,17 @@ class RoundLoop:
         self.buffers = combine_buffers(result.buffers, out.weights_for_buffers())
         return row
 
-    def attack(self, r: int, ids: list[int], result: RoundResult) -> None:
-        """The corrupted participants' models are replaced by what the attack sends, before aggregation."""
+    def transmit(self, r: int, ids: list[int], result: RoundResult) -> None:
+        """What the participants send passes the upload channel (compression, the corrupted clients' attack,
+        clipping and noise), in this one place, before aggregation."""
         rows = [k for k, i in enumerate(ids) if i in self.corrupted]
-        if not rows:
-            return
         mask = torch.zeros(len(ids), dtype=torch.bool, device=result.params.device)
         mask[rows] = True
-        g = generator(self.settings.seed, "attack", r)
-        result.params = self.fed.attack.corrupt(self.params, result.params, mask, g)
-        self.provider.rescore(result, rows, self.fed.engine.eval_batch_size)
+        channel = self.fed.channel
+        result.params = channel.transmit(self.params, result.params, ids, mask, self.fed.attack, self.settings.seed, r)
+        changed = list(range(len(ids))) if channel.stages else rows  # a compressor changes every model
+        if changed:
+            self.provider.rescore(result, changed, self.fed.engine.eval_batch_size)
 
     def evaluate(self, row: dict) -> None:
         set_params(self.fed.model, self.tested)  # the model the method's paper scores (AggregateResult.evaluated)

@@ -4,5 +4,5 @@ Hydra-free on purpose (fedagg/run.py imports it; so do the table, plot and repor
 so that a list here and a list there cannot drift apart.
 """
 
-GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack")
+GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack", "channel")
 RECORDED_CHOICES = (*GROUPS, "client/objective", "experiment")  # the group choices summary.json keeps

@@ -1,0 +1,144 @@
+"""The upload channel (SPEC "Upload channel"): each compressor, error feedback, DP, bits, the accountant."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedagg.aggregators.base import FedAvg
+from fedagg.aggregators.krum import Krum
+from fedagg.attacks.base import Attack
+from fedagg.attacks.model import SignFlip
+from fedagg.channel import DP, QSGD, Channel, RandK, Sign, TopK
+from fedagg.channel.privacy import epsilon
+
+G = torch.Generator().manual_seed(0)
+
+
+def one_round(channel, models, ids, global_params=None, corrupted=None, attack=None, r=1):
+    w = torch.zeros(models.shape[1]) if global_params is None else global_params
+    mask = torch.zeros(len(ids), dtype=torch.bool) if corrupted is None else torch.tensor(corrupted)
+    return channel.transmit(w, models, ids, mask, attack or Attack(), seed=0, round=r)
+
+
+def test_topk_keeps_the_largest_magnitudes_and_breaks_ties_by_index():
+    u = torch.tensor([[3.0, -3.5, 1.0, 0.5], [1.0, -1.0, 1.0, 0.0]])
+    got = TopK(ratio=0.5).compress(u, G)  # k = ⌈0.5 · 4⌉ = 2
+    assert torch.equal(got, torch.tensor([[3.0, -3.5, 0.0, 0.0], [1.0, -1.0, 0.0, 0.0]]))  # a tie: lower index
+    assert TopK(ratio=0.3).bits_up(4) == 2 * (32 + 2)  # ⌈1.2⌉ = 2 entries, each 32 bits and a 2-bit index
+    assert TopK(ratio=0.01).bits_up(4810) == 49 * (32 + 13)
+
+
+def test_sign_is_the_scaled_sign():
+    got = Sign().compress(torch.tensor([[1.0, -2.0, 3.0, 0.0]]), G)
+    assert torch.equal(got, torch.tensor([[1.5, -1.5, 1.5, 0.0]]))  # ‖u‖₁ / P = 6 / 4
+    assert Sign().bits_up(4) == 36
+
+
+def test_randk_keeps_k_entries_and_is_unbiased():
+    u = torch.tensor([[2.0, -1.0, 0.5, 4.0, -3.0]])
+    rk, n = RandK(ratio=0.4), 4000  # k = 2, kept entries scaled by 5/2
+    g = torch.Generator().manual_seed(1)
+    draws = rk.compress(u.repeat(n, 1), g)  # each row is drawn on its own
+    assert bool(((draws != 0).sum(dim=1) == 2).all())
+    kept = draws[draws != 0].reshape(n, 2)
+    assert set(torch.unique(kept / 2.5).tolist()) <= set(u[0].tolist())
+    se = u[0].abs() * math.sqrt(5 / 2 - 1) / math.sqrt(n)  # per-coordinate standard error of the mean
+    assert bool(((draws.mean(0) - u[0]).abs() < 5 * se).all())
+    assert rk.bits_up(5) == 2 * 32 + 32
+
+
+def test_qsgd_is_unbiased_on_its_levels():
+    u = torch.tensor([[3.0, -4.0]])  # ‖u‖ = 5, s = 4: s|u|/‖u‖ = (2.4, 3.2)
+    q, n = QSGD(levels=4), 4000
+    g = torch.Generator().manual_seed(2)
+    draws = q.compress(u.repeat(n, 1), g)
+    assert set(draws[:, 0].tolist()) == {2.5, 3.75} and set(draws[:, 1].tolist()) == {-3.75, -5.0}  # levels 2, 3 and 3, 4
+    se = 1.25 * torch.sqrt(torch.tensor([0.4 * 0.6, 0.2 * 0.8])) / math.sqrt(n)
+    assert bool(((draws.mean(0) - u[0]).abs() < 5 * se).all())
+    assert q.bits_up(2) == 32 + 2 * (1 + 3)  # ⌈log2 5⌉ = 3
+    assert torch.equal(q.compress(torch.zeros(1, 3), g), torch.zeros(1, 3))  # ‖u‖ = 0: nothing to scale
+
+
+def test_error_feedback_over_two_rounds_is_kept_by_client_id():
+    channel = Channel([TopK(ratio=0.5)])
+    first = one_round(channel, torch.tensor([[3.0, 1.0, -2.0, 0.5], [1.0, 0.0, 0.0, 0.0]]), [7, 2])
+    assert torch.equal(first[0], torch.tensor([3.0, 0.0, -2.0, 0.0]))  # e_7 = (0, 1, 0, 0.5)
+    state = channel.state_dict()
+    # round 2, listed in another order: u_7 = e_7 + Δ = (0.5, 1.2, 0.1, 1.5)
+    second = one_round(channel, torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.5, 0.2, 0.1, 1.0]]), [2, 7], r=2)
+    torch.testing.assert_close(second[1], torch.tensor([0.0, 1.2, 0.0, 1.5]))
+    torch.testing.assert_close(channel.errors[0].get(7, torch.zeros(4)), torch.tensor([0.5, 0.0, 0.1, 0.0]))
+    resumed = Channel([TopK(ratio=0.5)])
+    resumed.load_state_dict(state)
+    again = one_round(resumed, torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.5, 0.2, 0.1, 1.0]]), [2, 7], r=2)
+    assert torch.equal(again, second)
+    plain = one_round(Channel([TopK(ratio=0.5, error_feedback=False)]), torch.tensor([[0.5, 0.2, 0.1, 1.0]]), [7])
+    torch.testing.assert_close(plain[0], torch.tensor([0.5, 0.0, 0.0, 1.0]))
+
+
+def test_none_passes_the_models_and_the_attack_acts_on_what_the_channel_sends():
+    models = torch.tensor([[1.0, -2.0, 3.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    assert one_round(Channel(), models, [0, 1]) is models
+    got = one_round(Channel([Sign(error_feedback=False)]), models, [0, 1], corrupted=[True, False], attack=SignFlip(0.2))
+    assert torch.equal(got, torch.tensor([[-1.5, 1.5, -1.5, 0.0], [0.5, 0.5, 0.5, 0.5]]))
+
+
+def test_dp_clips_and_adds_one_noise_vector_of_the_stated_deviation():
+    dp = DP(noise_multiplier=1.0, clip=1.0)
+    u = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
+    got = dp.compress(u, torch.Generator().manual_seed(3))
+    noise = got - torch.tensor([[0.6, 0.8], [0.3, 0.4]])  # clipped to ‖·‖ = 1; the short one untouched
+    torch.testing.assert_close(noise[0], noise[1], rtol=0, atol=1e-6)  # a mean with weights summing to 1 gets it once
+    k, p = 4, 40000
+    big = DP(noise_multiplier=2.0, clip=0.5).compress(torch.zeros(k, p), torch.Generator().manual_seed(4))
+    sd = 2.0 * 0.5 / k
+    assert abs(float(big[0].std()) - sd) < 5 * sd / math.sqrt(2 * p)  # z S / K, within 5 standard errors
+
+
+def test_adaptive_clipping_follows_the_clipped_share():
+    dp = DP(noise_multiplier=1.0, clip=1.0, adaptive=True, target_quantile=0.25, count_noise=1e-9)
+    dp.compress(torch.tensor([[0.5, 0.0], [2.0, 0.0], [3.0, 0.0], [0.9, 0.0]]), G)  # 2 of 4 within S
+    assert dp.clip == pytest.approx(math.exp(-0.2 * (0.5 - 0.25)), rel=1e-6)
+    assert dp.metrics()["dp_clip"] == 1.0  # the bound this round used
+    assert DP(adaptive=True, count_noise=2.0).effective_multiplier(10) == pytest.approx((1 + 0.25) ** -0.5)
+
+
+def test_accountant_epsilon():
+    # without subsampling, RDP of T Gaussians is α T / (2 z²); the library converts it to (ε, δ) as Balle et al. 2020
+    z, t, delta = 2.0, 10, 1e-5
+    alphas = np.linspace(1.01, 200, 200000)
+    hand = np.min(alphas * t / (2 * z**2) + np.log((alphas - 1) / alphas) - (np.log(delta) + np.log(alphas)) / (alphas - 1))
+    assert hand <= epsilon(1.0, z, t, delta) <= 1.02 * hand
+    # Abadi et al. 2016 (q = 0.01, σ = 4, 10,000 steps, δ = 1e-5): ε = 1.26 by the moments accountant; RDP is tighter
+    assert 0.9 < epsilon(0.01, 4.0, 10000, 1e-5) < 1.26
+    assert epsilon(0.1, 1.0, 0, 1e-5) == 0.0 and epsilon(0.1, 0.0, 3, 1e-5) == math.inf
+
+
+def test_dp_is_refused_with_a_rule_that_is_not_a_fixed_weighted_mean():
+    with pytest.raises(ValueError, match=r"^channel=dp is not allowed with aggregator Krum: its rule is not a weighted"):
+        DP().check(Krum(), 100, 10)
+    with pytest.raises(ValueError, match=r"^aggregator.weighting=samples is not allowed with channel=dp"):
+        DP().check(FedAvg(), 100, 10)
+    dp = DP()
+    dp.check(FedAvg(weighting="uniform"), 100, 10)
+    assert dp.rate == 0.1 and dp.delta == pytest.approx(100**-1.1)
+
+
+@pytest.mark.slow  # a whole run in process, about 10 s
+def test_a_composed_channel_runs_and_reports_bits_and_epsilon(tmp_path):
+    from fedagg import run_experiment
+
+    summary = run_experiment(["channel=[topk,dp]", "aggregator.weighting=uniform", "rounds=2"], tmp_path / "run")
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    cols = [dict(zip(header, r.split(","))) for r in rows[1:]]
+    # the digits MLP has P = 4810 and no buffers: 10 clients · ⌈0.01 P⌉ = 49 entries · (32 + ⌈log2 P⌉ = 13) bits
+    assert [c["bits_up"] for c in cols] == ["22050", "22050"] and cols[1]["bits_up_total"] == "44100"
+    eps = [float(c["dp_epsilon"]) for c in cols]
+    assert 0 < eps[0] < eps[1] and summary["final_dp_epsilon"] == pytest.approx(eps[1])
+    assert eps[1] == pytest.approx(epsilon(1.0, 1.0, 2, 10**-1.1))  # every client each round: q = 1, δ = 1/N^1.1
+    with pytest.raises(ValueError, match=r"^channel=dp is not allowed with aggregator Krum"):
+        run_experiment(["channel=dp", "aggregator=krum", "rounds=1"], tmp_path / "refused")
+    assert not (tmp_path / "refused" / "metrics.csv").exists()
