@@ -9,10 +9,11 @@ from conftest import CONF, compose_config
 from fedagg.aggregators.base import Aggregator
 from fedagg.clients.trainer import LocalSGD
 from fedagg.attacks.base import Attack
+from fedagg.channel import Channel
 from fedagg.system.base import System
 from fedagg.tracking.base import Tracker
 
-GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack")
+GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack", "channel")
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 
 
@@ -38,6 +39,8 @@ def test_option_composes_and_instantiates(group, option):
         assert isinstance(obj, System)
     elif group == "attack":
         assert isinstance(obj, Attack)
+    elif group == "channel":
+        assert isinstance(obj, Channel) and len(obj.stages) == (option != "none")
     elif group in ("dataset", "partition"):
         assert callable(obj)  # partials: the loader needs data.root, the partition needs labels
     else:
