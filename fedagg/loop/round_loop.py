@@ -66,7 +66,8 @@ class RoundLoop:
             "round": self.summary["rounds_completed"], "params": self.params, "buffers": self.buffers,
             "aggregator": self.fed.aggregator.state_dict(), "trainer": self.fed.trainer.state_dict(),
             "rng": rng_state(), "summary": self.summary, "elapsed_s": elapsed,
-            "metrics": self.metrics.rows, "weights": self.weights_log.rows, "clients": self.clients_log.rows,
+            # how far each CSV file had got, not its rows: resume cuts the files back to this point
+            "metrics": self.metrics.mark(), "weights": self.weights_log.mark(), "clients": self.clients_log.mark(),
             "bits": self.bits.state_dict(), "channel": self.fed.channel.state_dict(),
         }
 
@@ -77,9 +78,13 @@ class RoundLoop:
         set_rng_state(ckpt["rng"])
         self.summary.update({k: ckpt["summary"][k] for k in
                              ("final_test_acc", "best_test_acc", "rounds_completed", "rounds_to_target")})
-        self.metrics.reset(ckpt["metrics"])  # rows written after the checkpoint are dropped
-        self.weights_log.reset(ckpt["weights"])
-        self.clients_log.reset(ckpt.get("clients", []))
+        for log_file, key in ((self.metrics, "metrics"), (self.weights_log, "weights"), (self.clients_log, "clients")):
+            kept = ckpt.get(key, [])
+            # rows written after the checkpoint are dropped; a list is the rows themselves (older checkpoints)
+            if isinstance(kept, list):
+                log_file.reset(kept)
+            else:
+                log_file.cut(kept)
         self.bits.load_state_dict(ckpt.get("bits"))
         self.fed.channel.load_state_dict(ckpt.get("channel"))
         self.next_round, self.elapsed_before = ckpt["round"] + 1, ckpt["elapsed_s"]

@@ -1,12 +1,14 @@
-"""The run's result files: `metrics.csv` grows row by row, JSON files are replaced atomically.
+"""The run's result files: the CSV files grow row by row, JSON files are replaced atomically.
 
-Each metrics row is flushed as it is written, so a run that stops early still leaves
-every evaluated round on disk.
+Each row is on disk as soon as it is written (and in memory no longer), so a run that
+stops early still leaves every evaluated round on disk.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import json
 import math
 import os
@@ -38,35 +40,114 @@ def clean_number(value):
 
 
 class CSVLog:
-    """A CSV file that grows by rows (metrics.csv, weights.csv)."""
+    """A CSV file that grows by rows (metrics.csv, weights.csv, clients.csv), kept on disk only.
+
+    Rows go straight to the file: a run with thousands of clients writes millions of them,
+    which neither memory nor every checkpoint should hold. What a checkpoint keeps instead is
+    `mark()`: how far the file had got (rows, bytes, header) and a SHA-256 of those bytes,
+    enough for `cut(mark)` to return the file to that point on resume and to notice a file
+    changed since.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.rows: list[dict] = []
         self.columns: list[str] = []
-
-    def reset(self, rows: list[dict]) -> None:
-        """Start over from `rows` (a resumed run's rows up to its checkpoint) and rewrite the file."""
-        self.rows, self.columns = [], []
-        if self.path.exists():
-            self.path.unlink()
-        if rows:
-            self.extend(rows)
+        self.count = 0  # rows in the file
+        self.size = 0  # its bytes
+        self._digest = hashlib.sha256()  # of those bytes, kept up to date as they are written
 
     def append(self, row: dict) -> None:
         self.extend([row])
 
     def extend(self, rows) -> None:
         rows = list(rows)
-        self.rows += rows
-        new = [k for row in rows for k in row if k not in self.columns]
-        if new or not self.path.exists():
-            # a column appeared (or first rows): rewrite the file with the wider header
-            self.columns += list(dict.fromkeys(new))
-            with open(self.path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self.columns)
-                writer.writeheader()
-                writer.writerows(self.rows)
+        if not rows:
             return
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.columns).writerows(rows)
+        new = list(dict.fromkeys(k for row in rows for k in row if k not in self.columns))
+        if new or not self.count:
+            # a column appeared (or first rows): rewrite the file with the wider header, the
+            # earlier rows read back from it (strings, which csv writes back byte for byte)
+            self._rewrite(self.columns + new, [*self.read_rows(), *rows])
+            return
+        data = _encode(self.columns, rows)
+        with open(self.path, "ab") as f:
+            f.write(data)
+        self._grew(data, len(rows))
+
+    def read_rows(self) -> list[dict]:
+        """The file's rows as csv reads them (every value a string)."""
+        return self.read_rows_of(self.count) if self.count else []
+
+    def mark(self) -> dict:
+        """How far the file has got, for a checkpoint: rows, bytes, header and a digest of those bytes."""
+        return {"rows": self.count, "bytes": self.size, "columns": list(self.columns),
+                "sha256": self._digest.hexdigest()}
+
+    def cut(self, mark: dict) -> None:
+        """Return the file to `mark` (rows written after the checkpoint are dropped)."""
+        want, size = mark["sha256"], mark["bytes"]
+        self.columns, self.count, self.size, self._digest = [], 0, 0, hashlib.sha256()
+        if not mark["rows"]:
+            self.path.unlink(missing_ok=True)
+            return
+        head = _prefix(self.path, size)
+        if head is not None and hashlib.sha256(head).hexdigest() == want:
+            with open(self.path, "r+b") as f:  # the usual case: rows were only appended since
+                f.truncate(size)
+            self.columns, self.count, self.size = list(mark["columns"]), mark["rows"], size
+            self._digest.update(head)
+            return
+        # a column that appeared after the checkpoint rewrote the file with a wider header:
+        # the checkpoint's rows come back from it under the checkpoint's header
+        columns = list(mark["columns"])
+        rows = [{k: row.get(k) for k in columns} for row in self.read_rows_of(mark["rows"])]
+        data = _encode(columns, rows, header=True) if len(rows) == mark["rows"] else b""
+        if hashlib.sha256(data).hexdigest() != want:
+            raise ValueError(f"{self.path} no longer holds the {mark['rows']} rows the checkpoint recorded (it was "
+                             "changed or cut short after it); resume needs the run's files as it left them, or start "
+                             "the run again with overwrite=true")
+        self._rewrite(columns, rows)
+
+    def read_rows_of(self, limit: int) -> list[dict]:
+        """The first `limit` rows of whatever the file holds now."""
+        if not self.path.exists():
+            return []
+        with open(self.path, newline="") as f:
+            return [row for _, row in zip(range(limit), csv.DictReader(f))]
+
+    def reset(self, rows: list[dict]) -> None:
+        """Start over from `rows` (a checkpoint written before marks, which held the rows themselves)."""
+        self.columns, self.count, self.size, self._digest = [], 0, 0, hashlib.sha256()
+        self.path.unlink(missing_ok=True)
+        self.extend(rows)
+
+    def _rewrite(self, columns: list[str], rows: list[dict]) -> None:
+        data = _encode(columns, rows, header=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, self.path)
+        self.columns, self.count, self.size, self._digest = columns, 0, 0, hashlib.sha256()
+        self._grew(data, len(rows))
+
+    def _grew(self, data: bytes, rows: int) -> None:
+        self.count += rows
+        self.size += len(data)
+        self._digest.update(data)
+
+
+def _encode(columns: list[str], rows: list[dict], header: bool = False) -> bytes:
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns)
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue().encode()
+
+
+def _prefix(path: Path, size: int) -> bytes | None:
+    """The file's first `size` bytes, or None when it is missing or shorter."""
+    if not path.exists() or path.stat().st_size < size:
+        return None
+    with open(path, "rb") as f:
+        return f.read(size)
