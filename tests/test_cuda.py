@@ -109,9 +109,9 @@ def test_per_client_state_stays_on_the_host(tmp_path):
     train(compose_config("rounds=2", "device=cuda", "aggregator=scaffold", "client.momentum=0.9",
                          "client.keep_optimizer_state=true", "clients_per_round=4"), tmp_path)
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["trainer"]
-    assert all(v.device.type == "cpu" for v in state["objective"]["variates"].values())
-    assert all(e["momentum_buffer"].device.type == "cpu" for s in state["optimizer_states"].values()
-               for e in s["state"].values())
+    assert all(v.device.type == "cpu" for v in state["objective"]["variates"]["inline"].values())
+    assert all(v.device.type == "cpu" for v in state["optimizer_states"]["inline"].values())
+    assert len(state["optimizer_states"]["inline"]) >= 4
 
 
 def test_a_gpu_checkpoint_resumes_on_the_gpu_and_is_refused_on_the_cpu(tmp_path):

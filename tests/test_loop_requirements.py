@@ -165,7 +165,7 @@ def test_a_method_with_a_client_half_runs_it_and_refuses_a_second_objective(tmp_
     ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
     chosen = {int(r["client"]) for r in _rows(tmp_path / "a" / "weights.csv")}
     # the client half kept a gradient state for exactly the clients that trained
-    assert set(ckpt["trainer"]["objective"]["grad_state"]) == chosen
+    assert set(ckpt["trainer"]["objective"]["grad_state"]["inline"]) == chosen
     with pytest.raises(ValueError, match=r"brings its own client half \(FedDynClient\); client objective FedProx "
                                          r"cannot be added to it: use client/objective=none"):
         train(compose_config("rounds=1", "aggregator=feddyn", "client/objective=fedprox"), tmp_path / "b")

@@ -92,9 +92,8 @@ def test_parallel_round_matches_sequential(case):
         torch.testing.assert_close(p.val_acc, s.val_acc)
     for cid in (c.id for c in clients):  # the state each engine leaves behind is interchangeable
         a, b = par_trainer.optimizer_states[cid], ref_trainer.optimizer_states[cid]
-        assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
-        for i in b["state"]:  # sums of gradients, which are more sensitive than the weights
-            assert _rel(a["state"][i]["momentum_buffer"], b["state"][i]["momentum_buffer"]) < 10 * TOL
+        assert a.shape == b.shape == start[0].shape  # every parameter's momentum, flat
+        assert _rel(a, b) < 10 * TOL  # sums of gradients, which are more sensitive than the weights
     if isinstance(ref_trainer.objective, FedDynClient):
         for cid in (c.id for c in clients):
             assert _rel(par_trainer.objective.grad_state[cid], ref_trainer.objective.grad_state[cid]) < TOL

@@ -17,6 +17,7 @@ from torch import Tensor
 from fedagg.aggregators.base import AggregateResult, Aggregator
 from fedagg.aggregators.inputs import Needs, RoundInputs
 from fedagg.clients.objectives import LocalWork, Objective, squared_distance
+from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import Range, checked
 
 Alpha = Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0")]
@@ -33,7 +34,7 @@ class FedDynClient(Objective):
     @checked("aggregator.client.")
     def __init__(self, alpha: Alpha = 0.01) -> None:
         self.alpha = float(alpha)
-        self.grad_state: dict[int, Tensor] = {}
+        self.grad_state = ClientStore()  # client id -> g_k, on the host (spilled to the run folder past a budget)
 
     def penalty(self, params, anchor, state):
         linear = sum((g * p).sum() for g, p in zip(state, params))
@@ -45,13 +46,16 @@ class FedDynClient(Objective):
 
     def after_training(self, client_id: int, trained: Tensor, global_params: Tensor, work: LocalWork) -> None:
         new = self.client_state(client_id, trained) - self.alpha * (trained - global_params)
-        self.grad_state[client_id] = new.cpu()  # on the host: every client ever seen keeps one
+        self.grad_state.put(client_id, new)  # every client ever seen keeps one
+
+    def client_stores(self) -> dict[str, ClientStore]:
+        return {"feddyn_grad_state": self.grad_state}
 
     def state_dict(self):
-        return {"grad_state": {k: v.clone() for k, v in self.grad_state.items()}}
+        return {"grad_state": self.grad_state.state_dict()}
 
     def load_state_dict(self, state):
-        self.grad_state = {int(k): v.clone() for k, v in state["grad_state"].items()}
+        self.grad_state.load_state_dict(state["grad_state"])
 
 
 class FedDyn(Aggregator):

@@ -19,6 +19,7 @@ from torch import Tensor
 from fedagg.aggregators.base import Aggregator, Weighting
 from fedagg.aggregators.inputs import Bits, Needs, RoundInputs, dense
 from fedagg.clients.objectives import LocalWork, Objective
+from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import Range, checked
 
 
@@ -29,7 +30,7 @@ class ScaffoldClient(Objective):
 
     def __init__(self) -> None:
         self.c: Tensor | None = None  # the server variate as last sent to the clients
-        self.variates: dict[int, Tensor] = {}  # client id -> c_k
+        self.variates = ClientStore()  # client id -> c_k, on the host (spilled to the run folder past a budget)
 
     def penalty(self, params, anchor, state):
         return sum((s * p).sum() for s, p in zip(state, params))  # its gradient is c − c_k
@@ -44,14 +45,17 @@ class ScaffoldClient(Objective):
         c_k = self.variates.get(client_id)
         c_k = torch.zeros_like(trained) if c_k is None else c_k.to(trained.device)
         updated = c_k - c + (global_params - trained) / (work.steps * work.lr)  # option II
-        self.variates[client_id] = updated.cpu()  # on the host: every client ever seen keeps one
+        self.variates.put(client_id, updated)  # every client ever seen keeps one
         return {"delta_c": updated - c_k}
 
+    def client_stores(self) -> dict[str, ClientStore]:
+        return {"scaffold_variates": self.variates}
+
     def state_dict(self) -> dict:
-        return {"variates": {k: v.clone() for k, v in self.variates.items()}}
+        return {"variates": self.variates.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.variates = {int(k): v.clone() for k, v in state["variates"].items()}
+        self.variates.load_state_dict(state["variates"])
 
 
 class Scaffold(Aggregator):

@@ -15,6 +15,7 @@ from typing import Annotated
 
 from torch import Tensor
 
+from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import Range, checked
 
 
@@ -50,6 +51,10 @@ class Objective:
         """Update this client's state from its trained flat parameters; return what it sends the
         server besides its model (each value becomes a row of `RoundInputs.payloads[key]`)."""
         return None
+
+    def client_stores(self) -> dict[str, ClientStore]:
+        """Its per-client state, by a folder name (`fedagg.clients.store`): bounded in memory and checkpoints."""
+        return {}
 
     def state_dict(self) -> dict:
         return {}

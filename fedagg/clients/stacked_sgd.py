@@ -3,33 +3,33 @@
 Each step is the per-element arithmetic of torch.optim.SGD (dampening 0): weight decay is
 added to the gradient, the momentum buffer starts as the first gradient and is then
 mu * buf + grad, Nesterov uses grad + mu * buf, and p -= lr * update. Each step moves only
-the selected clients, so clients whose data has run out keep their weights and buffers. Persistent state moves in and out in torch.optim.SGD's `state_dict` format,
-so `LocalSGD.optimizer_states` is shared by the sequential and parallel engines.
+the selected clients, so clients whose data has run out keep their weights and buffers.
+Persistent state moves in and out as one flat [P] momentum vector per client (the
+buffers of the parameters in order, each flattened), the same for the sequential and
+parallel engines, so `LocalSGD.optimizer_states` (a `ClientStore`) serves both.
 """
 
 from __future__ import annotations
 
-import copy
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 
 class StackedSGD:
     def __init__(self, params: list[Tensor], *, lr: float, momentum: float, nesterov: bool, weight_decay: float,
-                 saved: list[dict | None]) -> None:
-        """`params` [K, ...] per parameter tensor; `saved[k]` client k's SGD state_dict or None."""
+                 saved: list[Tensor | None]) -> None:
+        """`params` [K, ...] per parameter tensor; `saved[k]` client k's flat momentum [P] or None."""
         self.params, self.lr, self.momentum = params, lr, momentum
         self.nesterov, self.weight_decay = nesterov, weight_decay
         self.buffers: list[Tensor] | None = None
         self.has_buffer = torch.zeros(len(saved), dtype=torch.bool, device=params[0].device)
         if momentum != 0:
             self.buffers = [torch.zeros_like(p) for p in params]
-            for k, state in enumerate(saved):
-                entries = (state or {}).get("state", {})
-                if entries and all("momentum_buffer" in entries.get(i, {}) for i in range(len(params))):
-                    for i, buf in enumerate(self.buffers):
-                        buf[k].copy_(entries[i]["momentum_buffer"])
+            sizes = [p[0].numel() for p in params]
+            for k, flat in enumerate(saved):
+                if flat is not None:
+                    for buf, part in zip(self.buffers, flat.to(params[0].device).split(sizes)):
+                        buf[k].copy_(part.view_as(buf[k]))
                     self.has_buffer[k] = True
         self._all_have = bool(self.has_buffer.all())
 
@@ -60,15 +60,8 @@ class StackedSGD:
             for p, new in zip(self.params, params):
                 p[clients] = new
 
-    def state_dicts(self, template: nn.Module) -> list[dict]:
-        """Each client's state in the format `torch.optim.SGD(template.parameters(), ...).state_dict()` has."""
-        opt = torch.optim.SGD(template.parameters(), lr=self.lr, momentum=self.momentum, nesterov=self.nesterov,
-                              weight_decay=self.weight_decay)
-        groups = opt.state_dict()["param_groups"]
-        out = []
-        for k in range(self.params[0].shape[0]):
-            state = {} if self.buffers is None else {
-                # kept on the host: every client ever seen keeps one, and a GPU holds only this round's
-                i: {"momentum_buffer": b[k].to("cpu", copy=True)} for i, b in enumerate(self.buffers)}
-            out.append({"state": state, "param_groups": copy.deepcopy(groups)})
-        return out
+    def flat_buffers(self) -> Tensor | None:
+        """[K, P]: each client's momentum buffers flattened and joined in parameter order (None without momentum)."""
+        if self.buffers is None:
+            return None
+        return torch.cat([b.reshape(b.shape[0], -1) for b in self.buffers], dim=1)

@@ -7,12 +7,12 @@ term), and how a step moves its weights (`optimizer`: torch.optim.SGD's arithmet
 stacked clients). An engine only decides how the forward pass runs, one client's model at
 a time or a round's clients stacked. The trainer also owns what persists on the client
 side between rounds (optimizer state when `keep_optimizer_state` is on, and the
-objective's state), keyed by client id.
+objective's state), keyed by client id in `ClientStore`s, which keep host memory and
+checkpoints bounded however many clients there are.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -24,6 +24,7 @@ from fedagg.clients.batches import BatchPlan, num_steps
 from fedagg.clients.client import ClientData
 from fedagg.clients.objectives import LocalWork, Objective
 from fedagg.clients.stacked_sgd import StackedSGD
+from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import Items, Range, checked
 from fedagg.models.flat import unflatten
 
@@ -74,14 +75,18 @@ class LocalSGD:
         self.keep_optimizer_state = keep_optimizer_state
         self.val_frac, self.test_frac = val_frac, test_frac
         self.objective = objective if objective is not None else Objective()
-        self.optimizer_states: dict[int, dict] = {}
+        self.optimizer_states = ClientStore()  # client id -> flat momentum [P] (keep_optimizer_state)
+
+    def client_stores(self) -> dict[str, ClientStore]:
+        """Every per-client store of the client side, by a folder name: the run loop gives each a folder."""
+        return {"momentum": self.optimizer_states, **self.objective.client_stores()}
 
     def state_dict(self) -> dict:
         """What clients carry between rounds: optimizer state (when kept) and the objective's state."""
-        return {"optimizer_states": copy.deepcopy(self.optimizer_states), "objective": self.objective.state_dict()}
+        return {"optimizer_states": self.optimizer_states.state_dict(), "objective": self.objective.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer_states = {int(k): v for k, v in state["optimizer_states"].items()}
+        self.optimizer_states.load_state_dict(_flat_momentum(state["optimizer_states"]))
         self.objective.load_state_dict(state["objective"])
 
     def lr_at(self, round: int, total_rounds: int) -> float:
@@ -140,9 +145,11 @@ class LocalSGD:
     def finish(self, plan: BatchPlan, clients: list[ClientData], trained: Tensor, global_params: Tensor,
                sgd: StackedSGD, template: nn.Module, lr: float) -> list[dict[str, Tensor] | None]:
         """After local training: keep optimizer and objective state; what each client sends the server."""
-        if self.keep_optimizer_state:
-            for c, state in zip(clients, sgd.state_dicts(template)):
-                self.optimizer_states[c.id] = state
+        momentum = sgd.flat_buffers() if self.keep_optimizer_state else None
+        if momentum is not None:
+            momentum = momentum.cpu()  # one transfer for the round's clients; the store keeps them on the host
+            for c, row in zip(clients, momentum):
+                self.optimizer_states.put(c.id, row)
         return [self.objective.after_training(c.id, row, global_params, LocalWork(steps, lr))
                 for c, row, steps in zip(clients, trained, plan.steps)]
 
@@ -151,3 +158,11 @@ class LocalSGD:
         """[k] mean task loss per training sample seen, from each client's sum of batch loss x batch size."""
         seen = torch.tensor(plan.seen, dtype=torch.float64, device=loss_sums.device)
         return (loss_sums.double() / seen).float()
+
+
+def _flat_momentum(state: dict) -> dict:
+    """A checkpoint from before the store kept torch.optim.SGD state_dicts per client id: their flat momentum."""
+    if "inline" in state:
+        return state
+    return {cid: torch.cat([e["momentum_buffer"].reshape(-1) for _, e in sorted(sgd["state"].items())])
+            for cid, sgd in state.items() if sgd["state"]}

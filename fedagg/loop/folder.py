@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 OWNER = ".owner"
 # what a run writes (Hydra's own log and .hydra/ are not results: every launch writes them)
 RUN_FILES = ("summary.json", "metrics.csv", "weights.csv", "clients.csv", "checkpoint.pt", "checkpoint.prev.pt",
-             "model.pt", "config.yaml", "partition.json", "partition.png", "wandb")
+             "model.pt", "config.yaml", "partition.json", "partition.png", "wandb", "client_state")
 
 
 def _summary(path: Path) -> dict | None:
