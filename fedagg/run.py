@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationKeyError
 
-from fedagg.data.partition_report import save_partition_report
+from fedagg.data.partition_report import drawn, save_partition_report
 from fedagg.edge import CONF
 from fedagg.edge.command_line import explain_composition_error
 from fedagg.edge.sweep import SweepSummary, concurrent_jobs
@@ -204,6 +204,7 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
         try:
             summary = run_federation(fed, settings, run_dir, summary_base, checkpoint)
         finally:
+            drawn()  # partition.png, drawn while the first rounds ran
             fed.tracker.finish(_read_summary(run_dir) or {"status": "failed"})
     if summary["final_test_acc"] is None:
         log.info("%s after %d rounds, never evaluated (%s)", summary["status"], summary["rounds_completed"], run_dir)

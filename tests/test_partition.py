@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from fedagg.data import partition as P
-from fedagg.data.partition_report import partition_stats, save_partition_report
+from fedagg.data.partition_report import drawn, partition_stats, save_partition_report
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "partition"
 
@@ -268,14 +268,17 @@ def png_size(path):
 
 
 def test_save_partition_report_writes_json_and_png(tmp_path):
-    heights = []
-    for k in (10, 100):
-        stats = partition_stats(LABELS, split("dirichlet", k, alpha=0.5), 10)
+    sizes = []
+    for k in (10, 40, 1000):
+        stats = partition_stats(LABELS, split("dirichlet", k, alpha=0.5) if k < 100 else split("iid", k), 10)
         run_dir = tmp_path / str(k)
         save_partition_report(stats, run_dir)
         assert json.loads((run_dir / "partition.json").read_text()) == stats
-        heights.append(png_size(run_dir / "partition.png")[1])
-    assert heights[1] > 2 * heights[0]  # 100 clients get a taller picture, not thinner bars
+        drawn(run_dir / "partition.png")  # drawn in the background
+        sizes.append(png_size(run_dir / "partition.png"))
+    assert sizes[1][1] > 2 * sizes[0][1]  # 40 clients get a taller picture, not thinner bars
+    assert sizes[2] == (900, 700)  # 1,000 are summarised on one page (a size histogram, a share heatmap)
+    assert not list(tmp_path.glob("*/*.tmp"))
 
 
 def test_every_yaml_instantiates_to_a_valid_split():

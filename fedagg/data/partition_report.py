@@ -2,11 +2,19 @@
 
 Results are files (DESIGN principle 7): the JSON lets tables and plots be rebuilt
 without rerunning the split, the picture lets a person see the skew at a glance.
+Up to `_BARS_MAX` clients the picture has a bar per client; beyond that (FEMNIST has
+3,597 writers) bars are thinner than a pixel and take seconds to draw, so it summarises
+them: a histogram of client sizes and a heatmap of each client's label shares. The
+picture is drawn in a background thread (importing matplotlib alone takes about a
+second), so training starts without waiting for it; `drawn()` waits for it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +22,9 @@ import torch
 from torch import Tensor
 
 _LEGEND_MAX = 20  # beyond this many classes a legend hides the bars it explains
+_BARS_MAX = 50  # clients drawn one bar each; more are summarised
+log = logging.getLogger(__name__)
+_drawing: dict[Path, threading.Thread] = {}  # partition.png being drawn -> its thread
 
 
 def partition_stats(labels: Tensor, parts: list[Tensor], num_classes: int) -> dict:
@@ -38,7 +49,29 @@ def save_partition_report(stats: dict, run_dir: str | Path) -> None:
     if json_path.exists() and png.exists() and json_path.read_text() == text:
         return  # the same split: drawn once
     json_path.write_text(text)
-    _plot(stats, png)
+    png.unlink(missing_ok=True)  # an earlier split's picture must not stand for this one
+    # not a daemon: the interpreter waits for the picture before it exits, however the run ends
+    thread = threading.Thread(target=_draw, args=(stats, png), name="partition.png")
+    _drawing[png] = thread
+    thread.start()
+
+
+def drawn(path: str | Path | None = None) -> None:
+    """Wait until the picture at `path` (every picture being drawn, when None) is on disk."""
+    for png, thread in list(_drawing.items()):
+        if path is None or png == Path(path):
+            thread.join()
+            _drawing.pop(png, None)
+
+
+def _draw(stats: dict, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        (_plot if stats["num_clients"] <= _BARS_MAX else _summary)(stats, tmp)
+        os.replace(tmp, path)  # readers never see half a picture
+    except Exception as err:  # noqa: BLE001 - a picture that fails must not fail the run it illustrates
+        tmp.unlink(missing_ok=True)
+        log.warning("partition.png was not drawn: %s: %s", type(err).__name__, err)
 
 
 def _class_colors(num_classes: int) -> list:
@@ -89,4 +122,29 @@ def _plot(stats: dict, path: Path) -> None:
     else:
         scale = ScalarMappable(Normalize(-0.5, c - 0.5), matplotlib.colormaps["turbo"].resampled(c))
         fig.colorbar(scale, ax=ax, label="class", fraction=0.03, aspect=40)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
+
+
+def _summary(stats: dict, path: Path) -> None:
+    """Many clients: how their sizes spread, and each one's label shares as a row of a heatmap."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    k, c = stats["num_clients"], stats["num_classes"]
+    counts = np.array([cl["class_counts"] for cl in stats["clients"]], dtype=np.float64).reshape(k, c)
+    sizes = counts.sum(axis=1)
+    shares = counts / np.maximum(sizes, 1)[:, None]
+    fig = Figure(figsize=(9.0, 7.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, height_ratios=[1, 3])
+    top.hist(sizes, bins=min(50, max(10, int(np.sqrt(k)))), color="tab:blue")
+    top.set_xlabel("client size (samples)")
+    top.set_ylabel("clients")
+    top.set_title(f"Partition: {k} clients, {stats['total']} samples, {c} classes "
+                  f"(sizes {int(sizes.min())}-{int(sizes.max())}, median {int(np.median(sizes))})")
+    image = bottom.imshow(shares, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1,
+                          extent=(-0.5, c - 0.5, k - 0.5, -0.5))  # client 0 at the top, as in partition.json
+    bottom.set_xlabel("class")
+    bottom.set_ylabel("client")
+    fig.colorbar(image, ax=bottom, label="share of the client's samples", fraction=0.03, aspect=40)
+    fig.savefig(path, dpi=100, format="png")

@@ -59,6 +59,9 @@ class WandbTracker(Tracker):
         if self.run is not None:
             import wandb
 
+            from fedagg.data.partition_report import drawn
+
+            drawn(path)  # a picture may still be being drawn in the background
             self.run.log({key: wandb.Image(str(path))}, step=0)
 
     def finish(self, summary: dict) -> None:
