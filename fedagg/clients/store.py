@@ -27,6 +27,12 @@ removed as new versions replace them (three: the checkpoint being written, check
 and checkpoint.prev.pt, which stays the fallback until the new one is complete). Without
 an attached folder (a unit test, a notebook) everything stays in memory and in the
 checkpoint, as before.
+
+Measured with scripts/client_state_memory.py (cnn_femnist's size, 26 MB a client): the
+store's own memory stays at its budget, but glibc keeps freed blocks of that size for
+reuse instead of returning them, so the process's peak RSS can sit a few GB above it;
+MALLOC_MMAP_THRESHOLD_=65536 in the environment makes it return them (500 MB budget:
+peak RSS 2.0 GB by default, 1.2 GB with it).
 """
 
 from __future__ import annotations
