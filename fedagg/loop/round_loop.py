@@ -142,6 +142,9 @@ class RoundLoop:
     def evaluate(self, row: dict) -> None:
         set_params(self.fed.model, self.tested)  # the model the method's paper scores (AggregateResult.evaluated)
         set_buffers(self.fed.model, self.buffers)
+        if self.settings.eval_split == "val":
+            self.evaluate_on_validation(row)
+            return
         acc, loss = evaluate(self.fed.model, self.fed.data.eval_batches(None, self.fed.engine.eval_batch_size))
         row.update(test_acc=acc, test_loss=loss)
         if self.settings.eval_per_client:
@@ -155,6 +158,14 @@ class RoundLoop:
         s["final_test_acc"], s["best_test_acc"] = acc, max(acc, s["best_test_acc"] or 0.0)
         if self.settings.target_acc is not None and s["rounds_to_target"] is None and acc >= self.settings.target_acc:
             s["rounds_to_target"] = row["round"]
+
+    def evaluate_on_validation(self, row: dict) -> None:
+        """eval.split=val (tuning): every client's validation split pooled, each sample once; the test set is not
+        read, so a choice made on these scores cannot have seen it. test_acc stays empty."""
+        pool = torch.cat([c.val_idx for c in self.fed.clients])
+        acc, loss = evaluate(self.fed.model, self.fed.data.eval_batches(pool, self.fed.engine.eval_batch_size, "val"))
+        row.update(val_acc=acc, val_loss=loss)
+        self.summary["final_val_acc"], self.summary["best_val_acc"] = acc, max(acc, self.summary.get("best_val_acc") or 0.0)
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> dict:
@@ -172,7 +183,7 @@ class RoundLoop:
                     if not diverged and (r % settings.eval_every == 0 or r == settings.rounds):
                         self.evaluate(row)
                     progress.update(r, row["test_acc"], row["train_loss"])
-                    if diverged or row["test_acc"] is not None:
+                    if diverged or row["test_acc"] is not None or row.get("val_acc") is not None:
                         self.metrics.append({k: clean_number(v) for k, v in {**row, "elapsed_s": round(elapsed(), 3)}.items()})
                     # the live tracker gets every round's diagnostics, test metrics where evaluated
                     self.fed.tracker.log_round(r, {k: v for k, v in row.items() if v is not None})

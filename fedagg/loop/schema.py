@@ -42,6 +42,7 @@ class DataKeys:
 @dataclass
 class EvalKeys:
     per_client: bool = MISSING
+    split: str = MISSING  # test | val: checked by Settings
 
 
 @dataclass

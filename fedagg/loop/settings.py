@@ -24,12 +24,15 @@ class Settings:
     stop_at_target: bool = False
     checkpoint_every: int = 10
     eval_per_client: bool = False  # eval.per_client: score the global model on every client's local test split
+    eval_split: str = "test"  # eval.split: test | val (the clients' validation splits pooled; the test set is never read)
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, value, allowed: str) -> None:
             if not ok:
                 raise ValueError(f"{key}={value!r} is not allowed; {allowed}")
 
+        need(self.eval_split in ("test", "val"), "eval.split", self.eval_split,
+             "choose one of test, val (val: the clients' pooled client.val_frac splits, for tuning)")
         need(isinstance(self.seed, int), "seed", self.seed, "it must be an integer")
         need(isinstance(self.rounds, int) and self.rounds >= 1, "rounds", self.rounds, "it must be an integer >= 1")
         need(self.num_clients is None or isinstance(self.num_clients, int) and self.num_clients >= 1, "num_clients",
