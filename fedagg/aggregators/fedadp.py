@@ -14,14 +14,15 @@ from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, sample_weights
 from fedagg.aggregators.inputs import RoundInputs
-from fedagg.config.constraints import Flag, Range, checked
+from fedagg.config.constraints import Flag, Range, Tune, checked
 
 
 class FedAdp(Aggregator):
     """`conf/aggregator/fedadp.yaml`; state: smoothed angle and participation count per client id."""
 
     @checked("aggregator.")
-    def __init__(self, alpha: Annotated[float, Range(gt=0, words="use a positive number (paper: 5)")] = 5.0,
+    def __init__(self, alpha: Annotated[float, Range(gt=0, words="use a positive number (paper: 5)"),
+                                   Tune(1.0, 10.0, source="no grid in Wu & Wang (they use 5): 1 to 10 around it")] = 5.0,
                  smoothing: Literal["round", "participation"] = "round",
                  use_sizes: Annotated[bool, Flag("use true or false")] = True) -> None:
         super().__init__("samples")  # the global gradient (Alg. 1 line 9) is always D-weighted

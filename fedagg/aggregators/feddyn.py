@@ -18,7 +18,7 @@ from fedagg.aggregators.base import AggregateResult, Aggregator
 from fedagg.aggregators.inputs import Needs, RoundInputs
 from fedagg.clients.objectives import LocalWork, Objective, squared_distance
 from fedagg.clients.store import ClientStore
-from fedagg.config.constraints import Range, checked
+from fedagg.config.constraints import Range, Tune, checked
 
 Alpha = Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0")]
 
@@ -62,7 +62,8 @@ class FedDyn(Aggregator):
     """`conf/aggregator/feddyn.yaml`: h ← h − α (1/m) Σ_k Δ_k;  w ← mean_k W_k − h/α."""
 
     @checked("aggregator.")
-    def __init__(self, alpha: Alpha = 0.01, client: FedDynClient | None = None) -> None:
+    def __init__(self, alpha: Annotated[Alpha, Tune(1e-3, 1e-1, log=True, source="Acar et al. 2021: alpha grid 10^-3, 10^-2, 10^-1")] = 0.01,
+                 client: FedDynClient | None = None) -> None:
         super().__init__()
         self.alpha = float(alpha)
         client = FedDynClient(alpha) if client is None else client

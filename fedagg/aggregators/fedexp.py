@@ -25,7 +25,7 @@ from torch import Tensor
 from fedagg.aggregators.base import AggregateResult, Aggregator, Weighting
 from fedagg.aggregators.blocks import update_norms
 from fedagg.aggregators.inputs import RoundInputs
-from fedagg.config.constraints import Flag, Range, checked
+from fedagg.config.constraints import Flag, Range, Tune, checked
 
 
 class FedExP(Aggregator):
@@ -33,7 +33,8 @@ class FedExP(Aggregator):
 
     @checked("aggregator.")
     def __init__(self,
-                 eps: Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0 (the paper: 1e-3)")] = 1e-3,
+                 eps: Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0 (the paper: 1e-3)"),
+                                Tune(1e-3, 1e-1, log=True, source="Jhunjhunwala et al. 2023: eps grid 10^-3, 10^-2, 10^-1")] = 1e-3,
                  evaluate: Literal["last_two", "global"] = "last_two",
                  eps_decay: Annotated[float, Range(gt=0, le=1, words="use a number in (0, 1] (1: a fixed ε; the "
                                                                    "authors' code: 0.996004 = 0.998²)")] = 1.0,

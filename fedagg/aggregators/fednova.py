@@ -27,7 +27,7 @@ from fedagg.aggregators.base import AggregateResult, Aggregator, sample_weights
 from fedagg.aggregators.blocks import weighted_update
 from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
 from fedagg.clients.trainer import LocalSolver
-from fedagg.config.constraints import OneOf, Range, checked
+from fedagg.config.constraints import OneOf, Range, Tune, checked
 
 TAU_EFF = ("a", "steps")
 
@@ -52,7 +52,8 @@ class FedNova(Aggregator):
     def __init__(self,
                  tau_eff: Annotated[str, OneOf(TAU_EFF, words=f"choose one of {', '.join(TAU_EFF)} (a: Σ p_k a_k, "
                                                           "SPEC; steps: Σ p_k τ_k with a proximal term, the authors' code)")] = "a",
-                 gmf: Annotated[float, Range(ge=0, lt=1, words="use a number in [0, 1) (0: no server momentum)")] = 0.0,
+                 gmf: Annotated[float, Range(ge=0, lt=1, words="use a number in [0, 1) (0: no server momentum)"),
+                                Tune(0.0, 0.9, source="Wang et al. 2020 run gmf 0 and 0.9; the range between")] = 0.0,
                  ) -> None:
         super().__init__("samples")  # p = D (SPEC)
         self.tau_eff, self.gmf = tau_eff, float(gmf)

@@ -21,10 +21,15 @@ from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, Weighting
 from fedagg.aggregators.inputs import RoundInputs
-from fedagg.config.constraints import Flag, Range, checked
+from fedagg.config.constraints import Flag, Range, Tune, checked
 
 Rate = Annotated[float, Range(gt=0, words="it must be > 0")]
 Beta = Annotated[float, Range(ge=0, lt=1, words="it must be in [0, 1)")]
+# search ranges for the fair comparison (python -m fedagg.compare)
+SERVER_LR = Tune(1e-3, 10.0, log=True, source="Reddi et al. 2021 (App. D): server rate grid 10^-3 .. 10^1")
+TAU = Tune(1e-5, 1e-1, log=True, source="Reddi et al. 2021 (App. D): tau grid 10^-5 .. 10^-1")
+AVGM_LR = Tune(0.1, 3.0, log=True, source="no grid in Hsu et al. 2019 (they tune the effective rate lr/(1-momentum)): a decade below 1 to 3")
+AVGM_MOMENTUM = Tune(0.7, 0.99, source="Hsu et al. 2019: momentum grid 0.7, 0.9, 0.97, 0.99")
 
 
 def _clone(t: Tensor | None) -> Tensor | None:
@@ -37,7 +42,8 @@ class FedAvgM(Aggregator):
     weighted_mean = True  # a server optimizer on the weighted mean: post-processing of it
 
     @checked("aggregator.")
-    def __init__(self, weighting: Weighting = "samples", lr: Rate = 1.0, momentum: Beta = 0.9) -> None:
+    def __init__(self, weighting: Weighting = "samples", lr: Annotated[Rate, AVGM_LR] = 1.0,
+                 momentum: Annotated[Beta, AVGM_MOMENTUM] = 0.9) -> None:
         super().__init__(weighting)
         self.lr, self.momentum = float(lr), float(momentum)
         self.b: Tensor | None = None  # [P] server velocity; zeros before the first round
@@ -63,10 +69,10 @@ class FedOpt(Aggregator):
     def __init__(
         self,
         weighting: Weighting = "samples",
-        lr: Rate = 1e-2,
+        lr: Annotated[Rate, SERVER_LR] = 1e-2,
         beta1: Beta = 0.9,
         beta2: Beta = 0.99,
-        tau: Annotated[float, Range(ge=0, words="it must be >= 0")] = 1e-3,
+        tau: Annotated[float, Range(ge=0, words="it must be >= 0"), TAU] = 1e-3,
         bias_correction: Annotated[bool, Flag()] = False,
     ) -> None:
         super().__init__(weighting)

@@ -20,7 +20,7 @@ from fedagg.aggregators.base import Aggregator, Weighting
 from fedagg.aggregators.inputs import Bits, Needs, RoundInputs, dense
 from fedagg.clients.objectives import LocalWork, Objective
 from fedagg.clients.store import ClientStore
-from fedagg.config.constraints import Range, checked
+from fedagg.config.constraints import Range, Tune, checked
 
 
 class ScaffoldClient(Objective):
@@ -62,7 +62,8 @@ class Scaffold(Aggregator):
     """`conf/aggregator/scaffold.yaml`: w ← w + η_g Σ_k p_k Δ_k;  c ← c + (1/N) Σ_k Δc_k; state: c."""
 
     @checked("aggregator.")
-    def __init__(self, lr: Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0 (the paper: 1)")] = 1.0,
+    def __init__(self, lr: Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0 (the paper: 1)"),
+                                     Tune(0.1, 3.0, log=True, source="no grid in Karimireddy et al. 2020 (they use 1): a decade below to 3")] = 1.0,
                  weighting: Weighting = "uniform", client: ScaffoldClient | None = None) -> None:
         super().__init__(weighting)  # uniform: the paper's server averages the participants
         self.lr = float(lr)

@@ -16,7 +16,7 @@ from typing import Annotated
 from torch import Tensor
 
 from fedagg.clients.store import ClientStore
-from fedagg.config.constraints import Range, checked
+from fedagg.config.constraints import Range, Tune, checked
 
 
 def squared_distance(params: list[Tensor], anchor: list[Tensor]) -> Tensor:
@@ -69,7 +69,8 @@ class FedProx(Objective):
     adds_to_loss = True
 
     @checked("client.objective.")
-    def __init__(self, mu: Annotated[float, Range(ge=0, words="it must be >= 0")] = 0.01) -> None:
+    def __init__(self, mu: Annotated[float, Range(ge=0, words="it must be >= 0"),
+                                 Tune(1e-3, 1.0, log=True, source="Li et al. 2020: mu grid 0.001, 0.01, 0.1, 1")] = 0.01) -> None:
         self.mu = self.proximal_mu = mu
 
     def penalty(self, params, anchor, state):

@@ -25,7 +25,7 @@ from fedagg.clients.client import ClientData
 from fedagg.clients.objectives import LocalWork, Objective
 from fedagg.clients.stacked_sgd import StackedSGD
 from fedagg.clients.store import ClientStore
-from fedagg.config.constraints import Items, Range, checked
+from fedagg.config.constraints import Items, Range, Tune, checked
 from fedagg.models.flat import unflatten
 
 Count = Annotated[int, Range(ge=1, integer=True, words="it must be an integer >= 1")]
@@ -52,7 +52,9 @@ class LocalSGD:
     @checked("client.")
     def __init__(
         self,
-        lr: Annotated[float, Range(gt=0, words="it must be > 0")] = 0.05,
+        # one range for every method in a fair comparison (python -m fedagg.compare)
+        lr: Annotated[float, Range(gt=0, words="it must be > 0"),
+                      Tune(1e-3, 10**0.5, log=True, source="Reddi et al. 2021 (App. D): client rate grid 10^-3 .. 10^0.5")] = 0.05,
         momentum: Annotated[float, Range(ge=0, lt=1, words="it must be in [0, 1)")] = 0.0,
         nesterov: bool = False,
         weight_decay: Annotated[float, Range(ge=0, words="it must be >= 0")] = 0.0,

@@ -206,3 +206,50 @@ def checked(prefix: str) -> Callable:
         return checked_init
 
     return wrap
+
+
+@dataclass(frozen=True)
+class Tune:
+    """The range a tuner searches for a parameter, declared beside its constraint:
+
+        mu: Annotated[float, Range(ge=0), Tune(1e-3, 1, log=True, source="Li et al. 2020 grid")] = 0.01
+
+    `log`: sampled uniformly in log space (then low must be > 0); `integer`: whole numbers;
+    `source`: where the range comes from (the paper's grid, else why), shown in the comparison report."""
+
+    low: float
+    high: float
+    log: bool = False
+    integer: bool = False
+    source: str = ""
+
+    def problem(self) -> str | None:
+        """Why the range cannot be searched, or None."""
+        if not (_number(self.low) and _number(self.high)) or not (math.isfinite(self.low) and math.isfinite(self.high)):
+            return f"its range [{self.low}, {self.high}] must be two finite numbers"
+        if self.low >= self.high:
+            return f"its range [{_show(self.low)}, {_show(self.high)}] is empty: low must be below high"
+        if self.log and self.low <= 0:
+            return f"its log range [{_show(self.low)}, {_show(self.high)}] must be positive"
+        if self.integer and int(self.low) == int(self.high) and self.low != int(self.low):
+            return f"its integer range [{_show(self.low)}, {_show(self.high)}] holds no integer"
+        return None
+
+    def at_edge(self, value: float, share: float = 0.05) -> bool:
+        """Whether `value` lies within `share` of the range (in its own scale) of an end: the best may lie beyond."""
+        scale = math.log if self.log else (lambda v: v)
+        low, high, v = scale(self.low), scale(self.high), scale(value)
+        return v <= low + share * (high - low) or v >= high - share * (high - low)
+
+
+def tunables(function: Callable) -> dict[str, Tune]:
+    """name -> Tune for every parameter of `function` that declares a search range."""
+    hints = typing.get_type_hints(function, include_extras=True)
+    found = {}
+    for name, hint in hints.items():
+        hint, _ = _without_none(hint)
+        if typing.get_origin(hint) is typing.Annotated:
+            tunes = [a for a in hint.__metadata__ if isinstance(a, Tune)]
+            if tunes:
+                found[name] = tunes[-1]  # the outermost declaration wins (a class may narrow a shared one)
+    return found
