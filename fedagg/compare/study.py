@@ -1,0 +1,85 @@
+"""Each method's trials in an Optuna study, stored in SQLite in the protocol folder so that a killed protocol
+resumes: finished trials keep their scores, and a trial asked but not finished is run again with the values it
+was given (its run folder resumes from its checkpoint).
+
+The sampler is made afresh, seeded by the trial's number, before each trial is asked: a trial's values then
+depend only on the trials finished before it and on its number, never on what this process asked earlier, so a
+resumed protocol asks what an uninterrupted one asked. A one-dimensional float space is searched on a grid of
+exactly `budget` points (TPE spends its first trials at random, which wastes a small budget on a line); a
+larger one by TPE.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from fedagg.compare.space import Param, grid
+
+optuna.logging.set_verbosity(logging.WARNING)
+
+
+def open_study(path: Path, method: str) -> optuna.Study:
+    return optuna.create_study(study_name=method, storage=f"sqlite:///{path}", direction="maximize",
+                               load_if_exists=True)
+
+
+def on_grid(space: list[Param]) -> bool:
+    return len(space) == 1 and not space[0].tune.integer
+
+
+def _sampler(space: list[Param], budget: int, number: int, seed: int) -> optuna.samplers.BaseSampler:
+    s = seed * 1_000_003 + number
+    if on_grid(space) or not space:
+        return optuna.samplers.RandomSampler(seed=s)  # the grid's values are enqueued; nothing is drawn
+    return optuna.samplers.TPESampler(seed=s, n_startup_trials=max(2, math.ceil(budget / 3)))
+
+
+def _suggest(trial: optuna.Trial, space: list[Param]) -> dict:
+    """The trial's values (those it was given before, for a trial asked earlier)."""
+    out = {}
+    for p in space:
+        t = p.tune
+        if t.integer:
+            out[p.key] = trial.suggest_int(p.key, math.ceil(t.low), math.floor(t.high), log=t.log)
+        else:
+            out[p.key] = trial.suggest_float(p.key, t.low, t.high, log=t.log)
+    return out
+
+
+def next_trials(study: optuna.Study, space: list[Param], budget: int, batch: int, seed: int) -> list[tuple[int, dict]]:
+    """Up to `batch` (number, values) to run now: first those asked but never told (a killed protocol's),
+    then new ones while the method has fewer than `budget` trials."""
+    trials = study.get_trials(deepcopy=False)
+    out = []
+    for t in [t for t in trials if t.state == TrialState.RUNNING][:batch]:
+        study.sampler = _sampler(space, budget, t.number, seed)
+        out.append((t.number, _suggest(optuna.Trial(study, t._trial_id), space)))
+    total = len(trials)
+    while len(out) < batch and total < budget:
+        study.sampler = _sampler(space, budget, total, seed)
+        waiting = any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
+        if on_grid(space) and not waiting:  # (one left WAITING by a kill between these two calls is taken as it is)
+            p = space[0]
+            value = min(max(grid(p, budget)[total], p.tune.low), p.tune.high)
+            study.enqueue_trial({p.key: value})
+        trial = study.ask()
+        out.append((trial.number, _suggest(trial, space)))
+        total += 1
+    return out
+
+
+def tell(study: optuna.Study, number: int, value: float) -> None:
+    trial = study.get_trials(deepcopy=False)[number]
+    if trial.state == TrialState.RUNNING:  # told already when a kill came after the tell
+        study.tell(number, value)
+
+
+def finished(study: optuna.Study) -> list[dict]:
+    """{trial, params, val_score} of the told trials, by number."""
+    return [{"trial": t.number, "params": dict(t.params), "val_score": t.value}
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
