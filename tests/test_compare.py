@@ -1,0 +1,171 @@
+"""The fair comparison protocol's parts: search spaces read from the constructors, its one-line refusals, the
+seeds, the score, the selection (validation only), the studies' exact budget and their resumption."""
+
+import json
+import math
+from typing import Annotated
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import compose_config
+from fedagg.compare import study as studies
+from fedagg.compare.protocol import make_protocol, score, select, selection_csv
+from fedagg.compare.space import Param, grid, search_space
+from fedagg.config.constraints import Range, Tune
+from fedagg.data.device import DeviceData
+from fedagg.run import train
+from hydra_plugins.fedagg_compare.compare_sweeper import CompareSweeper
+
+LR = (1e-3, 10 ** 0.5, True)  # the client rate's one range
+
+
+def space_of(*overrides):
+    cfg = compose_config(*overrides)
+    nodes = {g: OmegaConf.to_container(cfg[g], resolve=True) for g in ("aggregator", "client")}
+    return {p.key: (p.tune.low, p.tune.high, p.tune.log) for p in search_space(nodes)}
+
+
+def test_spaces_come_from_the_constructors_with_one_client_rate_range():
+    assert space_of("aggregator=fedavg") == {"client.lr": LR}
+    assert space_of("client/objective=fedprox") == {"client.lr": LR, "client.objective.mu": (1e-3, 1.0, True)}
+    assert space_of("aggregator=fedadam") == {"aggregator.lr": (1e-3, 10.0, True), "aggregator.tau": (1e-5, 0.1, True),
+                                              "client.lr": LR}
+    assert space_of("aggregator=fedexp") == {"aggregator.eps": (1e-3, 0.1, True), "client.lr": LR}
+    assert space_of("aggregator=fedadp") == {"aggregator.alpha": (1.0, 10.0, False), "client.lr": LR}
+    assert space_of("aggregator=scaffold") == {"aggregator.lr": (0.1, 3.0, True), "client.lr": LR}
+    # FedDyn's client half takes aggregator.alpha by interpolation: one key is tuned, not two
+    assert space_of("aggregator=feddyn") == {"aggregator.alpha": (1e-3, 0.1, True), "client.lr": LR}
+
+
+class Empty:
+    def __init__(self, a: Annotated[float, Range(gt=0), Tune(1.0, 1.0)] = 1.0) -> None: ...
+
+
+class NotPositive:
+    def __init__(self, a: Annotated[float, Tune(0.0, 1.0, log=True)] = 1.0) -> None: ...
+
+
+class Outside:
+    def __init__(self, a: Annotated[float, Range(ge=0, lt=1), Tune(0.5, 1.0)] = 0.9) -> None: ...
+
+
+@pytest.mark.parametrize("target, line", [
+    (Empty, "search range of aggregator.a: its range [1, 1] is empty: low must be below high; correct its Tune(...) declaration"),
+    (NotPositive, "search range of aggregator.a: its log range [0, 1] must be positive; correct its Tune(...) declaration"),
+    (Outside, "search range of aggregator.a: its end 1 is not a value aggregator.a accepts (it must be a number in "
+              "[0, 1)); correct its Tune(...) declaration"),
+])
+def test_an_unusable_range_is_one_line(target, line):
+    node = {"_target_": f"{__name__}.{target.__name__}", "a": 1.0}
+    with pytest.raises(ValueError) as err:
+        search_space({"aggregator": node})
+    assert str(err.value) == line
+
+
+BASE = dict(methods=["fedavg"], budget=4, tune_seeds=[0], confirm_seeds=5, baseline=None, val_frac=0.1, batch=1,
+            sampler_seed=0)
+
+
+@pytest.mark.parametrize("change, line", [
+    (dict(budget=0), "budget=0 is not allowed; it must be an integer >= 1 (trials per method)"),
+    (dict(budget=2.5), "budget=2.5 is not allowed; it must be an integer >= 1 (trials per method)"),
+    (dict(tune_seeds=[0, 1], confirm_seeds=[1, 2]), "confirm_seeds=[1, 2] is not allowed; seed 1 is also a tuning "
+                                                    "seed (tune_seeds=[0, 1]): confirmation needs fresh seeds"),
+    (dict(methods=[]), "methods=[] is not allowed; give a list of method names, e.g. methods=[fedavg,fedprox]"),
+    (dict(baseline="fedprox"), "baseline='fedprox' is not allowed; choose one of the methods: fedavg"),
+    (dict(val_frac=1.0), "val_frac=1.0 is not allowed; it must be a fraction in (0, 1)"),
+])
+def test_bad_protocol_settings_are_one_line(change, line):
+    with pytest.raises(ValueError) as err:
+        make_protocol(**{**BASE, **change})
+    assert str(err.value) == line
+
+
+def test_confirm_seeds_are_fresh():
+    assert make_protocol(**{**BASE, "tune_seeds": [0, 3], "confirm_seeds": 5}).confirm_seeds == (4, 5, 6, 7, 8)
+    assert make_protocol(**{**BASE, "confirm_seeds": [7, 9]}).confirm_seeds == (7, 9)
+
+
+def test_score_is_the_mean_validation_accuracy_of_the_last_tenth_of_the_rounds():
+    rows = [{"round": r, "val_acc": str(v)} for r, v in enumerate([0.1, 0.9, 0.2, 0.4, 0.6], 1)]
+    assert score(rows, rounds=5, status="completed") == pytest.approx(0.6)  # ceil(5/10) = 1: the last round only
+    assert score(rows, rounds=11, status="completed") == pytest.approx(0.5)  # ceil(11/10) = 2: (0.4 + 0.6) / 2
+    assert score(rows, rounds=30, status="completed") == pytest.approx((0.2 + 0.4 + 0.6) / 3)
+    assert score(rows[:2], rounds=5, status="diverged") == 0.0
+
+
+def fake_trial(folder, val, test):
+    """A finished trial run whose validation and test accuracies per round are given."""
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"status": "completed", "config": {"rounds": len(val)}}))
+    lines = ["round,test_acc,val_acc"] + [f"{r},{t},{v}" for r, (t, v) in enumerate(zip(test, val), 1)]
+    (folder / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_selection_follows_validation_when_the_test_ranking_disagrees(tmp_path):
+    # trial 0: better on validation, worse on test; trial 1 the other way round; a last-round peak (trial 2) on
+    # validation does not win over a better mean of the last ceil(R/10) = 2 rounds
+    fake_trial(tmp_path / "t0", val=[0.5] * 9 + [0.80, 0.80], test=[0.5] * 9 + [0.60, 0.60])
+    fake_trial(tmp_path / "t1", val=[0.5] * 9 + [0.70, 0.70], test=[0.5] * 9 + [0.95, 0.95])
+    fake_trial(tmp_path / "t2", val=[0.5] * 9 + [0.50, 0.85], test=[0.5] * 9 + [0.90, 0.90])
+    trials = [{"trial": n, "params": {}, "val_score": CompareSweeper.trial_score(tmp_path / f"t{n}")} for n in range(3)]
+    assert [round(t["val_score"], 6) for t in trials] == [0.8, 0.7, 0.675]
+    assert select(trials)["trial"] == 0
+    assert select([{"trial": 0, "val_score": 0.5}, {"trial": 1, "val_score": 0.5}])["trial"] == 0  # ties: the earlier
+
+
+SPACE2 = [Param("aggregator.tau", Tune(1e-5, 0.1, log=True), 1e-3), Param("client.lr", Tune(1e-3, 3.0, log=True), 0.05)]
+SPACE1 = [Param("client.lr", Tune(1e-3, 10.0, log=True), 0.05)]
+
+
+def drive(path, space, budget, batch, kill_after=None):
+    """Run a study to its end with a made-up objective; `kill_after` trials told, drop the study object (a kill)
+    and go on with a new one on the same file. Returns every (number, values, score) told, in order."""
+    told, study = [], studies.open_study(path, "m")
+    while True:
+        asked = studies.next_trials(study, space, budget, batch, seed=3)
+        if not asked:
+            return told
+        for number, values in asked:
+            if kill_after is not None and len(told) == kill_after:
+                kill_after, study = None, studies.open_study(path, "m")  # this one's asked trial stays open
+                break
+            value = -sum((math.log10(v) + 1.5) ** 2 for v in values.values())
+            studies.tell(study, number, value)
+            told.append((number, values, value))
+
+
+@pytest.mark.parametrize("space", [pytest.param(SPACE1, marks=pytest.mark.slow), SPACE2], ids=["grid", "tpe"])
+def test_each_method_gets_exactly_its_budget_and_a_resumed_study_asks_the_same(tmp_path, space):
+    straight = drive(tmp_path / "a.db", space, budget=5, batch=2)
+    resumed = drive(tmp_path / "b.db", space, budget=5, batch=2, kill_after=3)
+    assert [n for n, _, _ in straight] == list(range(5))
+    assert resumed == straight
+    assert len(studies.finished(studies.open_study(tmp_path / "b.db", "m"))) == 5
+    if space is SPACE1:  # a line: exactly the budget's grid points, ends included
+        assert sorted(v["client.lr"] for _, v, _ in straight) == grid(space[0], 5) == [1e-3, 0.01, 0.1, 1.0, 10.0]
+
+
+def test_selection_csv_has_one_row_per_trial():
+    text = selection_csv([{"method": "fedavg", "trial": 0, "params": {"client.lr": 0.1}, "val_score": 0.5, "chosen": True}])
+    assert text == 'method,trial,params,val_score,chosen\nfedavg,0,"{""client.lr"": 0.1}",0.5,true\n'
+
+
+def test_a_validation_run_never_reads_the_test_set(tmp_path, monkeypatch):
+    asked = []
+    original = DeviceData.eval_batches
+
+    def recorded(self, idx, batch_size, split="test"):
+        asked.append((split, None if idx is None else idx.numel()))
+        return original(self, idx, batch_size, split)
+
+    monkeypatch.setattr(DeviceData, "eval_batches", recorded)
+    summary = train(compose_config("rounds=1", "device=cpu", "eval.split=val", "client.val_frac=0.2"), tmp_path)
+    pooled = sum(round(0.2 * c["size"]) for c in json.loads((tmp_path / "partition.json").read_text())["clients"])
+    assert asked == [("val", pooled)]
+    assert summary["final_test_acc"] is None and 0 < summary["final_val_acc"] <= 1
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    assert all(row.split(",")[header.index("test_acc")] == "" for row in lines[1:])
+    assert float(lines[1].split(",")[header.index("val_acc")]) == summary["final_val_acc"]
