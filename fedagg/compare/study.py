@@ -52,15 +52,23 @@ def _suggest(trial: optuna.Trial, space: list[Param]) -> dict:
 
 
 def next_trials(study: optuna.Study, space: list[Param], budget: int, batch: int, seed: int) -> list[tuple[int, dict]]:
-    """Up to `batch` (number, values) to run now: first those asked but never told (a killed protocol's),
-    then new ones while the method has fewer than `budget` trials."""
+    """The next wave of (number, values) to run: up to `batch` new trials while the method has fewer than
+    `budget`, all asked from the same finished trials. After a kill, first the trials asked but never told
+    (their runs resume), alone: trials asked after them would otherwise see a history an uninterrupted
+    protocol never showed them."""
     trials = study.get_trials(deepcopy=False)
-    out = []
-    for t in [t for t in trials if t.state == TrialState.RUNNING][:batch]:
+    total, out = len(trials), []
+    for t in [t for t in trials if t.state == TrialState.RUNNING]:
         study.sampler = _sampler(space, budget, t.number, seed)
         out.append((t.number, _suggest(optuna.Trial(study, t._trial_id), space)))
-    total = len(trials)
-    while len(out) < batch and total < budget:
+    if out:
+        start = (total - 1) // batch * batch  # the interrupted wave's first trial
+        if total % batch == 0 or any(t.state == TrialState.COMPLETE for t in trials[start:]):
+            return out  # the wave was fully asked (or already partly told): run what it left open
+        end = min(start + batch, budget)  # killed between two asks: finish the wave from the same history
+    else:
+        end = min(total + batch, budget)
+    while total < end:
         study.sampler = _sampler(space, budget, total, seed)
         waiting = any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
         if on_grid(space) and not waiting:  # (one left WAITING by a kill between these two calls is taken as it is)
