@@ -4,7 +4,7 @@ The public API: `Aggregator` (FedAvg semantics; a method overrides one step) and
 `AggregateResult` its `aggregate` returns, the
 `RoundInputs` it receives and the `Needs` it declares, the constraints a constructor states in
 its signature (`Range`, `Items`, `Flag`, and `checked` to enforce them when it is built from
-Python), and `run_experiment`, which runs what `python -m fedagg.run` runs and returns the
+Python; `Tune`, the range `python -m fedagg.compare` searches), and `run_experiment`, which runs what `python -m fedagg.run` runs and returns the
 run's summary.
 """
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 from fedagg.aggregators.base import AggregateResult, Aggregator, FedAvg
 from fedagg.aggregators.inputs import Needs, RoundInputs, ServerData
-from fedagg.config.constraints import Flag, Items, Range, checked
+from fedagg.config.constraints import Flag, Items, Range, Tune, checked
 
 __version__ = "0.1.0"
-__all__ = ["AggregateResult", "Aggregator", "FedAvg", "Flag", "Items", "Needs", "Range", "RoundInputs", "ServerData", "checked",
-           "run_experiment"]
+__all__ = ["AggregateResult", "Aggregator", "FedAvg", "Flag", "Items", "Needs", "Range", "RoundInputs", "ServerData",
+           "Tune", "checked", "run_experiment"]
 
 
 def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:
