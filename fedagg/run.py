@@ -58,7 +58,8 @@ def settings_from(cfg: DictConfig) -> Settings:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1:
         raise ValueError(f"experiment_scale={scale!r} is not allowed; it must be a fraction in (0, 1]")
     rounds = scaled_rounds(cfg.rounds, scale) if isinstance(cfg.rounds, int) and cfg.rounds >= 1 else cfg.rounds
-    return Settings(rounds=rounds, eval_per_client=cfg.eval.per_client, eval_split=cfg.eval.split, **{k: cfg[k] for k in keys})
+    return Settings(rounds=rounds, eval_per_client=cfg.eval.per_client, eval_split=cfg.eval.split,
+                    held_out=cfg.eval.held_out_clients, **{k: cfg[k] for k in keys})
 
 
 def _user_error(err: Exception) -> Exception | None:

@@ -169,3 +169,21 @@ def test_a_validation_run_never_reads_the_test_set(tmp_path, monkeypatch):
     header = lines[0].split(",")
     assert all(row.split(",")[header.index("test_acc")] == "" for row in lines[1:])
     assert float(lines[1].split(",")[header.index("val_acc")]) == summary["final_val_acc"]
+
+
+def test_held_out_clients_are_never_sampled_and_are_the_same_for_every_method():
+    from fedagg.loop.settings import Settings, sample_clients
+    s = Settings(seed=0, num_clients=10, clients_per_round=4, held_out=0.2)
+    held = s.held_out_ids
+    assert len(held) == 2 and held == Settings(seed=0, num_clients=10, held_out=0.2).held_out_ids
+    seen = {c for r in range(1, 40) for c in sample_clients(s, r)}
+    assert seen == set(range(10)) - set(held)
+    everyone = Settings(seed=0, num_clients=10, held_out=0.2)
+    assert sample_clients(everyone, 1) == sorted(set(range(10)) - set(held))
+    with pytest.raises(ValueError) as err:
+        Settings(seed=0, num_clients=10, clients_per_round=9, held_out=0.2)
+    assert str(err.value) == ("clients_per_round=9 is not allowed; it must be at most the 8 clients "
+                              "eval.held_out_clients=0.2 leaves to train")
+    assert make_protocol(**{**BASE, "validation": "clients", "held_out": 0.25}).run_keys(False) == \
+        ["eval.held_out_clients=0.25"]
+    assert make_protocol(**BASE).run_keys(False) == ["client.val_frac=0.1"] and make_protocol(**BASE).run_keys(True) == []

@@ -12,7 +12,8 @@ from __future__ import annotations
 import runpy
 import sys
 
-KEYS = ("methods", "budget", "tune_seeds", "confirm_seeds", "baseline", "val_frac", "batch", "sampler_seed")
+KEYS = ("methods", "budget", "tune_seeds", "confirm_seeds", "baseline", "val_frac", "batch", "sampler_seed", "validation",
+        "held_out")
 
 
 def translate(argv: list[str]) -> list[str]:

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-VALIDATION = ("split",)  # where trials are scored: split = every client's own client.val_frac split
+VALIDATION = ("split", "clients")  # split: every client's own client.val_frac split; clients: held-out clients
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,14 @@ class Protocol:
     val_frac: float  # client.val_frac of tuning and confirm runs when the run config leaves it null
     batch: int = 1  # trials of each method launched together (joblib / Slurm run them at once)
     sampler_seed: int = 0
+    validation: str = "split"  # split | clients (eval.held_out_clients=held_out in every run)
+    held_out: float = 0.2
+
+    def run_keys(self, val_frac_set: bool) -> list[str]:
+        """The overrides that give every tuning and confirm run the same validation data."""
+        if self.validation == "clients":
+            return [f"eval.held_out_clients={self.held_out}"]
+        return [] if val_frac_set else [f"client.val_frac={self.val_frac}"]
 
     def as_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
@@ -33,7 +41,8 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def make_protocol(methods, budget, tune_seeds, confirm_seeds, baseline, val_frac, batch, sampler_seed) -> Protocol:
+def make_protocol(methods, budget, tune_seeds, confirm_seeds, baseline, val_frac, batch, sampler_seed,
+                  validation="split", held_out=0.2) -> Protocol:
     """The settings of a protocol, or a ValueError whose one line names the key, the value and what is allowed.
     `confirm_seeds`: a count (that many seeds after the largest tuning seed) or a list of seeds."""
     if isinstance(methods, str):
@@ -69,7 +78,13 @@ def make_protocol(methods, budget, tune_seeds, confirm_seeds, baseline, val_frac
         raise ValueError(f"batch={batch!r} is not allowed; it must be an integer >= 1 (trials per method launched together)")
     if not _is_int(sampler_seed):
         raise ValueError(f"sampler_seed={sampler_seed!r} is not allowed; it must be an integer")
-    return Protocol(tuple(methods), budget, tuple(tune), tuple(confirm), baseline, float(val_frac), batch, sampler_seed)
+    if validation not in VALIDATION:
+        raise ValueError(f"validation={validation!r} is not allowed; choose split (each client's client.val_frac) or "
+                         "clients (a seeded share, held_out, of the clients never trained on)")
+    if isinstance(held_out, bool) or not isinstance(held_out, (int, float)) or not 0 < held_out < 1:
+        raise ValueError(f"held_out={held_out!r} is not allowed; it must be a fraction in (0, 1) of the clients")
+    return Protocol(tuple(methods), budget, tuple(tune), tuple(confirm), baseline, float(val_frac), batch, sampler_seed,
+                    validation, float(held_out))
 
 
 def last_rounds(rounds: int) -> int:

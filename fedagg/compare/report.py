@@ -115,8 +115,10 @@ def write_report(folder: Path, protocol: Protocol, spaces: dict[str, list[Param]
                           f"{rank_d.get(m, math.nan) - rank_t.get(m, math.nan):+.2f}"] for m in protocol.methods])
     p = protocol
     what = (f"Methods {', '.join(p.methods)}; {p.budget} trials each (the same sampler, seed {p.sampler_seed}), "
-            f"on tuning seeds {list(p.tune_seeds)}, scored on the clients' validation splits (client.val_frac; "
-            f"the test set is never read while tuning) by the mean validation accuracy of the last ceil(R/10) "
+            f"on tuning seeds {list(p.tune_seeds)}, scored on "
+            + ("the clients' validation splits (client.val_frac" if p.validation == "split" else
+               f"held-out clients ({p.held_out:.0%} of the clients, never trained on, in every run")
+            + f"; the test set is never read while tuning) by the mean validation accuracy of the last ceil(R/10) "
             f"evaluated rounds. Each method's best trial and its defaults were run on confirm seeds "
             f"{list(p.confirm_seeds)}, scored on the test set by {METRIC} (the same last-rounds mean). "
             f"Run settings: {' '.join(json.loads((folder / 'protocol.json').read_text())['arguments']) or '(defaults)'}.")

@@ -84,9 +84,9 @@ def connect(parts: Parts, settings: Settings) -> None:
     parts.channel = Channel.of(parts.channel)
     parts.channel.check(parts.aggregator, settings.num_clients, settings.per_round)
     check_held_out(trainer.val_frac, trainer.test_frac, parts.aggregator.needs, settings.eval_per_client)
-    if settings.eval_split == "val" and effective_val_frac(trainer.val_frac, parts.aggregator.needs) == 0:
-        raise ValueError(f"eval.split=val needs validation splits, but client.val_frac={trainer.val_frac} holds none out; "
-                         "set client.val_frac to a fraction in (0, 1), e.g. 0.1")
+    if settings.eval_split == "val" and not settings.held_out and effective_val_frac(trainer.val_frac, parts.aggregator.needs) == 0:
+        raise ValueError(f"eval.split=val needs validation data, but client.val_frac={trainer.val_frac} holds none out; "
+                         "set client.val_frac to a fraction in (0, 1), e.g. 0.1, or eval.held_out_clients to a share of the clients")
     fraction = parts.attack.fraction
     if fraction > 0 and int(fraction * settings.num_clients) == 0:  # legal, but no client is corrupted
         log.warning("attack.fraction=%g corrupts nobody with num_clients=%d (floor(%g * %d) = 0): the run has no "

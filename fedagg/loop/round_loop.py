@@ -160,9 +160,12 @@ class RoundLoop:
             s["rounds_to_target"] = row["round"]
 
     def evaluate_on_validation(self, row: dict) -> None:
-        """eval.split=val (tuning): every client's validation split pooled, each sample once; the test set is not
-        read, so a choice made on these scores cannot have seen it. test_acc stays empty."""
-        pool = torch.cat([c.val_idx for c in self.fed.clients])
+        """eval.split=val (tuning): every client's validation split pooled, each sample once, or with
+        eval.held_out_clients all the data of the clients never trained on; the test set is not read, so a choice
+        made on these scores cannot have seen it. test_acc stays empty."""
+        held = self.settings.held_out_ids
+        pool = torch.cat([self.fed.clients[i].train_idx for i in held] + [self.fed.clients[i].val_idx for i in held]
+                         if held else [c.val_idx for c in self.fed.clients])
         acc, loss = evaluate(self.fed.model, self.fed.data.eval_batches(pool, self.fed.engine.eval_batch_size, "val"))
         row.update(val_acc=acc, val_loss=loss)
         self.summary["final_val_acc"], self.summary["best_val_acc"] = acc, max(acc, self.summary.get("best_val_acc") or 0.0)

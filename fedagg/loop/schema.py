@@ -43,6 +43,7 @@ class DataKeys:
 class EvalKeys:
     per_client: bool = MISSING
     split: str = MISSING  # test | val: checked by Settings
+    held_out_clients: float = MISSING
 
 
 @dataclass

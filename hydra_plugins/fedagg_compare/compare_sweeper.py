@@ -28,7 +28,7 @@ from fedagg.loop.splits import scaled_rounds
 
 log = logging.getLogger("fedagg")
 METHOD_GROUPS = ("aggregator", "client/objective")  # where a method name is looked up, in this order
-OWNED = ("seed", "eval.split", "resume", "overwrite", "hydra.sweep.subdir")  # keys the protocol sets for each run
+OWNED = ("seed", "eval.split", "eval.held_out_clients", "resume", "overwrite", "hydra.sweep.subdir")  # keys the protocol sets for each run
 
 
 @dataclass
@@ -43,6 +43,8 @@ class CompareSweeperConf:
     val_frac: Any = 0.1
     batch: Any = 1
     sampler_seed: Any = 0
+    validation: Any = "split"
+    held_out: Any = 0.2
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="fedagg_compare", node=CompareSweeperConf, provider="fedagg")
@@ -86,7 +88,7 @@ class CompareSweeper(Sweeper):
     def check(self, arguments: list[str]) -> tuple[Protocol, dict]:
         s = self.settings
         protocol = make_protocol(s["methods"], s["budget"], s["tune_seeds"], s["confirm_seeds"], s["baseline"],
-                                 s["val_frac"], s["batch"], s["sampler_seed"])
+                                 s["val_frac"], s["batch"], s["sampler_seed"], s["validation"], s["held_out"])
         for arg in arguments:
             key = arg.split("=", 1)[0].lstrip("+~")
             if key in OWNED:
@@ -111,8 +113,7 @@ class CompareSweeper(Sweeper):
             log.error("%s", err)
             sys.exit(2)
         folder = Path(self.config.hydra.sweep.dir)
-        base = {m: list(arguments) + p["picks"] + ([] if p["val_frac"] is not None else [f"client.val_frac={protocol.val_frac}"])
-                for m, p in methods.items()}
+        base = {m: list(arguments) + p["picks"] + protocol.run_keys(p["val_frac"] is not None) for m, p in methods.items()}
         started = time.perf_counter()
         if not self.tune(protocol, methods, base, folder):
             return None
