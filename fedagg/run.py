@@ -207,7 +207,10 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
         finally:
             drawn()  # partition.png, drawn while the first rounds ran
             fed.tracker.finish(_read_summary(run_dir) or {"status": "failed"})
-    if summary["final_test_acc"] is None:
+    if summary["final_test_acc"] is None and summary.get("final_val_acc") is not None:  # eval.split=val
+        log.info("%s: final validation accuracy %.4f after %d rounds (%s)", summary["status"], summary["final_val_acc"],
+                 summary["rounds_completed"], run_dir)
+    elif summary["final_test_acc"] is None:
         log.info("%s after %d rounds, never evaluated (%s)", summary["status"], summary["rounds_completed"], run_dir)
     else:
         log.info("%s: final test accuracy %.4f after %d rounds (%s)", summary["status"], summary["final_test_acc"],
