@@ -23,9 +23,10 @@ from fedagg.compare.space import Param, grid
 optuna.logging.set_verbosity(logging.WARNING)
 
 
-def open_study(path: Path, method: str) -> optuna.Study:
-    return optuna.create_study(study_name=method, storage=f"sqlite:///{path}", direction="maximize",
-                               load_if_exists=True)
+def open_study(path: Path | optuna.storages.BaseStorage, method: str) -> optuna.Study:
+    """The method's study in the SQLite file `path` (or in a storage object: a test's in-memory one)."""
+    storage = path if isinstance(path, optuna.storages.BaseStorage) else f"sqlite:///{path}"
+    return optuna.create_study(study_name=method, storage=storage, direction="maximize", load_if_exists=True)
 
 
 def on_grid(space: list[Param]) -> bool:
