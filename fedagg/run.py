@@ -27,6 +27,7 @@ from omegaconf.errors import InterpolationKeyError
 from fedagg.data.partition_report import drawn, save_partition_report
 from fedagg.edge import CONF
 from fedagg.edge.command_line import explain_composition_error
+from fedagg.edge.default_model import with_default_model
 from fedagg.edge.sweep import SweepSummary, concurrent_jobs
 from fedagg.loop.assembly import Parts, assemble
 from fedagg.loop.checkpoints import load_checkpoint
@@ -163,6 +164,11 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, ove
 
 def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], concurrent_jobs: int) -> dict:
     try:
+        choices = dict(choices)  # the caller's stays as given
+        cfg, model_note = with_default_model(cfg, choices)
+    except ValueError as err:
+        raise SetupError(str(err)) from None
+    try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except InterpolationKeyError as err:
         raise SetupError(explain_missing_option(cfg, err, choices)) from None
@@ -196,9 +202,10 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
                 raise SetupError(str(user_error)) from err
             raise
         num_params = sum(p.numel() for p in fed.model.parameters())
-        log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s", fed.data.name,
+        # the default backbone's reason joins this line, after the setup: a configuration error stays one line
+        log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s%s", fed.data.name,
                  fed.data.train_y.numel(), fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
-                 num_params, summary_base["device"])
+                 num_params, summary_base["device"], f" ({model_note})" if model_note else "")
         threads.apply(cfg.threads, num_params, concurrent_jobs)
         fed.tracker.start(run_dir, config, name=run_dir.name)
         fed.tracker.log_image("partition", run_dir / "partition.png")

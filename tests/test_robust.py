@@ -242,7 +242,7 @@ def test_an_attack_that_corrupts_nobody_gets_one_notice(caplog):
 
     caplog.set_level("WARNING", logger="fedagg")
     for fraction in (0.05, 0.1):  # floor(0.5) = 0 clients; floor(1.0) = 1
-        cfg = compose_config("attack=sign_flip", f"attack.fraction={fraction}")
+        cfg = compose_config("attack=sign_flip", f"attack.fraction={fraction}", "model=mlp")
         connect(Parts(**{g: instantiate(cfg[g], _convert_="all") for g in GROUPS}), Settings(seed=0, num_clients=10))
     assert notices(caplog) == ["attack.fraction=0.05 corrupts nobody with num_clients=10 (floor(0.05 * 10) = 0): the "
                                "run has no attacker; a fraction of at least 0.1 corrupts one client"]

@@ -36,7 +36,8 @@ def test_two_round_run_writes_all_result_files(tmp_path, small_run):
     assert saved["final_test_acc"] == pytest.approx(float(rows[-1]["test_acc"]))
     assert saved["best_test_acc"] == pytest.approx(max(float(r["test_acc"]) for r in rows))
     assert saved["final_test_acc"] > 0.5  # ten classes: chance is 0.1
-    assert saved["choices"] == {"aggregator": "fedavg"} and saved["config"]["rounds"] == 2
+    # no model was chosen: the digits' default backbone is recorded as if model=mlp had been typed
+    assert saved["choices"] == {"aggregator": "fedavg", "model": "mlp"} and saved["config"]["rounds"] == 2
     part = json.loads((tmp_path / "partition.json").read_text())
     assert len(part["clients"]) == 10
     assert sum(c["size"] for c in part["clients"]) == part["total"]

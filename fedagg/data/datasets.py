@@ -135,13 +135,15 @@ def _labels(values) -> Tensor:
 
 
 def digits(root: str | None = None, *, mean: Sequence[float], std: Sequence[float], augment: bool = False,
-           download: bool = False) -> DatasetBundle:
+           download: bool = False,
+           default_model: str | None = None) -> DatasetBundle:
     """scikit-learn's bundled 1x8x8 digits (1,797 images); `root` is ignored.
 
     The pixel values 0..16 become round(v * 255 / 16) so every dataset shares the uint8
     pipeline; the split is fixed (stratified 80/20, random_state 0) so results compare
     across runs and machines.
     """
+    del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
     del root, download  # bundled with scikit-learn
     cached = cache_dir() / "digits-split-v1.pt"  # importing scikit-learn takes seconds; the split never changes
     t = None
@@ -240,14 +242,18 @@ def _idx_dataset(cls: type, name: str, root: str, mean, std, augment: bool, down
 
 
 def mnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False,
-          download: bool = False) -> DatasetBundle:
+          download: bool = False,
+          default_model: str | None = None) -> DatasetBundle:
     """MNIST 1x28x28 from `root/MNIST/raw/` (torchvision's layout, plain or .gz IDX files)."""
+    del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
     return _idx_dataset(_tv().MNIST, "mnist", root, mean, std, augment, download)
 
 
 def fmnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False,
-           download: bool = False) -> DatasetBundle:
+           download: bool = False,
+           default_model: str | None = None) -> DatasetBundle:
     """Fashion-MNIST 1x28x28 from `root/FashionMNIST/raw/` (plain or .gz IDX files)."""
+    del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
     return _idx_dataset(_tv().FashionMNIST, "fmnist", root, mean, std, augment, download)
 
 
@@ -308,12 +314,16 @@ def _cifar(cls: type, name: str, root: str, mean, std, augment: bool, verify_md5
 
 
 def cifar10(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
-            verify_md5: bool = True, download: bool = False) -> DatasetBundle:
+            verify_md5: bool = True, download: bool = False,
+            default_model: str | None = None) -> DatasetBundle:
     """CIFAR-10 3x32x32 from `root/cifar-10-batches-py/` (the python-pickle release)."""
+    del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
     return _cifar(_tv().CIFAR10, "cifar10", root, mean, std, augment, verify_md5, download)
 
 
 def cifar100(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
-             verify_md5: bool = True, download: bool = False) -> DatasetBundle:
+             verify_md5: bool = True, download: bool = False,
+             default_model: str | None = None) -> DatasetBundle:
     """CIFAR-100 3x32x32, the 100 fine labels, from `root/cifar-100-python/`."""
+    del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
     return _cifar(_tv().CIFAR100, "cifar100", root, mean, std, augment, verify_md5, download)

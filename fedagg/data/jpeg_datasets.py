@@ -30,12 +30,14 @@ def _folder_bundle(name, folder, splits, num_classes, image_size, mean, std, aug
 
 
 def tinyimagenet(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
-                 image_size: int = 64, download: bool = False) -> DatasetBundle:
+                 image_size: int = 64, download: bool = False,
+                 default_model: str | None = None) -> DatasetBundle:
     """Tiny-ImageNet (200 classes, 64x64) from `root/tiny-imagenet-200/`, its official layout.
 
     The labelled val split serves as the test set (the official test split has no labels);
     class index = position of the wnid in sorted wnids.txt.
     """
+    del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
     folder = data_root(root) / "tiny-imagenet-200"
     expected = ["wnids.txt", "train/<wnid>/images/*.JPEG", "val/images/*.JPEG", "val/val_annotations.txt"]
     how = (
@@ -54,13 +56,15 @@ def tinyimagenet(root: str, *, mean: Sequence[float], std: Sequence[float], augm
 
 
 def imagenet(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
-             image_size: int = 64, download: bool = False) -> DatasetBundle:
+             image_size: int = 64, download: bool = False,
+             default_model: str | None = None) -> DatasetBundle:
     """ImageNet from `root/imagenet/{train,val}/<wnid>/*.JPEG` (ImageFolder layout); never downloaded, whatever
     `download` says: its licence asks every user to register.
 
     Every image is resized (shorter side) and centre-cropped to `image_size`, 64 by default
     because the whole training set must fit in memory as uint8 (1.28M x 3 x 64 x 64 = 16 GB).
     """
+    del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
     folder = data_root(root) / "imagenet"
     expected = ["train/<wnid>/*.JPEG", "val/<wnid>/*.JPEG"]
     how = (

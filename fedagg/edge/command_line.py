@@ -46,6 +46,7 @@ def _unknown_key_line(loader, parsed: list, lines: list[str], failing: str, mult
     parts = key.split(".")
     groups = [g for g in ("/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)) if loader.repository.group_exists(g)]
     known = {k for k in _keys(base) if not k.startswith("hydra")}
+    known |= {g for g, c in base.hydra.runtime.choices.items() if c is None and "/" not in g}  # model: null
     owners: dict[str, list[str]] = {}  # key path -> the options of its group that have it
     if groups:
         group = groups[0]
@@ -60,6 +61,10 @@ def _unknown_key_line(loader, parsed: list, lines: list[str], failing: str, mult
         if have and swept and set(swept) <= set(have):
             return (f"{typed} is applied before the sweep picks the {dotted}, to {group}={chosen}, which has no "
                     f"{name}: write ++{typed} to set it in every job")
+        if have and chosen is None and not swept:  # model: null, the dataset's default_model filled in after composing
+            return (f"{typed} is not allowed without {group}=NAME: no {dotted} is chosen here (a dataset's default "
+                    f"backbone is chosen after the command line is read); name it, e.g. {group}={have[0]} {typed} "
+                    f"({group}={', '.join(have)} {'has' if len(have) == 1 else 'have'} {name})")
         if have:
             lacking = [o for o in swept or [chosen] if o not in have]
             return (f"{typed} is not allowed: {group}={', '.join(lacking)} has no {name}; "

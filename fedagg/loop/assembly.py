@@ -124,6 +124,23 @@ def effective_val_frac(val_frac: float | None, needs: Needs) -> float:
     return DEFAULT_VAL_FRAC if needs.val_acc == "local" else 0.0
 
 
+def check_fits(model: nn.Module, data: DeviceData) -> None:
+    """One forward pass on two test images, so that a backbone that cannot take the dataset (an LSTM on
+    images, a classifier sized for other images) is one line before any training, not a traceback in round 1."""
+    x, _ = next(data.eval_batches(None, 2))
+    was_training = model.training
+    model.eval()  # leaves BatchNorm's running statistics as they are
+    try:
+        with torch.no_grad():
+            model(x)
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"model {type(model).__name__} cannot take dataset {data.name}'s inputs of shape "
+                         f"{tuple(x.shape[1:])}: {first}; choose another model=NAME") from None
+    finally:
+        model.train(was_training)
+
+
 def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device, experiment_scale: float = 1.0,
              download: bool = False) -> Federation:
     """Load the data onto `device`, hold out the server's samples, partition the rest into clients
@@ -160,6 +177,7 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     stats = partition_stats(pool_labels, split, bundle.num_classes)
     model = build_model(parts.model, bundle, settings.seed, device)
     data = DeviceData(bundle, device, model.input_shape)
+    check_fits(model, data)
     if len(model.input_shape) == 3 and model.input_shape[1] >= 4 * bundle.image_size:  # built for much larger images
         log.warning("%s takes %dx%d inputs: %s's %dx%d images are upsampled %dx; a backbone for small images "
                     "(e.g. a CIFAR stem) may suit them better", type(model).__name__, *model.input_shape[1:],

@@ -202,4 +202,6 @@ def check_config(cfg: DictConfig, groups: tuple[str, ...]) -> None:
     _finite("", {k: values[k] for k in ("target_acc", "experiment_scale")}, ["target_acc", "experiment_scale"])
     threads.choose(cfg.threads, 0, 1)  # auto or a positive number
     for group in groups:
+        if group == "model" and cfg.get("model") is None:
+            continue  # model: null, the dataset's default_model, filled in by the edge before a run
         check_node(cfg[group], f"{group}.")
