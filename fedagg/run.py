@@ -8,6 +8,7 @@ module and `fedagg/edge` (command-line messages, the sweep's callback) import Hy
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -234,7 +235,11 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     settings = settings_from(cfg)
     device = resolve_device(cfg.device)
     summary_base["device"] = device.type  # the random streams of a run depend on it
-    parts = Parts(**{group: instantiate(cfg[group], _convert_="all") for group in GROUPS})  # plain lists and dicts
+    parts = Parts(**{group: instantiate(cfg[group], _convert_="all") for group in GROUPS},  # plain lists and dicts
+                  noise=cfg.partition.get("noise", 0.0))
+    if "noise" in parts.partition.keywords:  # read by the run, which adds it to the images, not by the split
+        parts.partition = functools.partial(parts.partition.func, *parts.partition.args,
+                                            **{k: v for k, v in parts.partition.keywords.items() if k != "noise"})
     if held is not None and cfg.overwrite:
         clear_run(run_dir)
         log.warning("overwrite=true: removed %s from %s", held, run_dir)

@@ -283,7 +283,8 @@ def test_save_partition_report_writes_json_and_png(tmp_path):
 
 def test_every_yaml_instantiates_to_a_valid_split():
     names = sorted(p.stem for p in CONF.glob("*.yaml"))
-    assert names == ["dirichlet", "iid", "mixed", "n_class", "natural", "power_law", "shards"]
+    assert names == ["dirichlet", "feature_skew", "iid", "mixed", "n_class", "natural", "pachinko", "power_law",
+                     "quantity_skew", "shards"]
     labels = make_labels(per_class=4000)  # mixed's defaults (600 a client, random classes) fit any draw, as on MNIST
     for name in names:
         fn = instantiate(OmegaConf.load(CONF / f"{name}.yaml"))

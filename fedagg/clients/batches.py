@@ -82,7 +82,7 @@ class BatchPlan:
         size-1 channel axis, and with them which convolution kernel runs)."""
         flat = self.pos[t, clients, :n].reshape(-1)
         idx = self.order[flat]
-        x = self.data.train_x[idx]
+        x = self.data.train_images(idx)
         if self.crops is not None:
             x = apply_crop_flip(x, *(c[flat] for c in self.crops))
         x = self.data.prepare(x)

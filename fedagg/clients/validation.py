@@ -62,6 +62,6 @@ def score_model(model: nn.Module, data, val_idx: Tensor, batch_size: int) -> Ten
     correct = plan.counter(1, data, val_idx.device)
     model.eval()
     for idx, real in plan:
-        logits = model(data.prepare(data.train_x[idx.reshape(-1)]))
+        logits = model(data.prepare(data.train_images(idx.reshape(-1))))
         correct += plan.correct(logits.view(1, *idx.shape[1:], *logits.shape[1:]), targets(data, "train", idx), real)
     return plan.accuracy(correct)

@@ -45,6 +45,7 @@ class DeviceData:
         # into the test set, for a dataset whose clients bring their own test split (partition=natural)
         self.local_tests = "train"
         self.input_shape = tuple(input_shape)
+        self.train_noise: Tensor | None = None  # per training image, on the x / 255 scale; see add_feature_noise
         if self.inputs != "images":  # features and token sequences are served as they are: the model must fit them
             given = tuple(self.prepare(self.train_x[:1]).shape[1:])
             if given != self.input_shape:
@@ -64,14 +65,40 @@ class DeviceData:
                 "only 1-channel images can be repeated to fit"
             )
 
+    def add_feature_noise(self, parts: list[Tensor], sigma: float, seed: int) -> None:
+        """NIID-Bench's feature skew (`partition.noise`): client i of N sees each of its images with Gaussian
+        noise of standard deviation sigma * i / N in the normalised input space, drawn once per image from the
+        client's own stream (in the order of its index tensor), so an image looks the same every epoch and in
+        every engine. Kept on the device as float32, the size of the training images four times over."""
+        from fedagg.data.seeding import generator
+
+        if self.inputs != "images":
+            raise ValueError(f"partition.noise is for images; dataset {self.name!r} has {self.inputs}")
+        noise = torch.zeros(self.train_x.shape, dtype=torch.float32)
+        for i, idx in enumerate(parts):
+            scale = sigma * i / len(parts)
+            if scale > 0 and idx.numel():
+                z = torch.randn((idx.numel(), *self.train_x.shape[1:]), generator=generator(seed, "feature_noise", i))
+                noise[idx.cpu()] = z * scale
+        # noise n in the normalised space is n * std on the x / 255 scale: (x + n * std - mean) / std = x' + n
+        self.train_noise = (noise.to(self.device) * self.std.view(1, -1, 1, 1)).contiguous()
+
+    def train_images(self, idx: Tensor) -> Tensor:
+        """Training samples `idx` as the clients see them: as stored, or images as float on the x / 255 scale
+        with their noise."""
+        if self.train_noise is None:
+            return self.train_x[idx]
+        return self.train_x[idx].float().div_(255.0).add_(self.train_noise[idx])
+
     def prepare(self, x: Tensor, *, augment: bool = False, generator: torch.Generator | None = None) -> Tensor:
-        """Stored samples [B, ...] -> the model's input: uint8 images -> normalised float of the model's shape;
-        vectors as they are; token rows [B, T + 1] -> their first T tokens as int64."""
+        """Stored samples [B, ...] -> the model's input: uint8 images (or float on the x / 255 scale, from
+        train_images) -> normalised float of the model's shape; vectors as they are; token rows [B, T + 1] ->
+        their first T tokens as int64."""
         if self.inputs == "tokens":
             return x[..., :-1].long()
         if self.inputs == "vectors":
             return x
-        x = x.float().div_(255.0)
+        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x
         if augment:
             x = random_crop_flip(x, generator)
         x = (x - self.mean) / self.std
@@ -83,7 +110,7 @@ class DeviceData:
         return x
 
     def train_batch(self, idx: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        x = self.prepare(self.train_x[idx], augment=self.augment, generator=generator)
+        x = self.prepare(self.train_images(idx), augment=self.augment, generator=generator)
         return x, targets(self, "train", idx)
 
     def eval_batches(self, idx: Tensor | None, batch_size: int, split: str = "test") -> Iterator[tuple[Tensor, Tensor]]:
@@ -96,7 +123,7 @@ class DeviceData:
                 yield self.prepare(xs[sel]), targets(self, split, sel)
             else:
                 part = idx[sel]
-                yield self.prepare(xs[part]), targets(self, split, part)
+                yield self.prepare(xs[part] if split == "test" else self.train_images(part)), targets(self, split, part)
 
 
 # Functions of the data rather than DeviceData methods: the trainer and evaluation also run on
@@ -111,7 +138,7 @@ def targets(data, split: str, idx: Tensor | slice) -> Tensor:
 def local_test(data, idx: Tensor) -> tuple[Tensor, Tensor]:
     """Inputs and targets of clients' local test samples `idx` (DeviceData.local_tests says where they are)."""
     split = getattr(data, "local_tests", "train")
-    return data.prepare((data.test_x if split == "test" else data.train_x)[idx]), targets(data, split, idx)
+    return data.prepare(data.test_x[idx] if split == "test" else data.train_images(idx)), targets(data, split, idx)
 
 
 def random_crop_flip(x: Tensor, generator: torch.Generator | None) -> Tensor:

@@ -174,7 +174,7 @@ class ParallelEngine(Engine):
         correct = plan.counter(len(val_idx), data, P[0].device)
         self._packed.eval()
         for idx, real in plan:
-            x = data.prepare(data.train_x[idx.reshape(-1)])
+            x = data.prepare(data.train_images(idx.reshape(-1)))
             with self._autocast(P[0].device):
                 logits = self._eval_fn(P, Bf, x.view(*idx.shape, *x.shape[1:]))
             correct += plan.correct(logits, targets(data, "train", idx), real)

@@ -50,6 +50,7 @@ class Parts:
     system: System = field(default_factory=System)  # who is online, reports, and how many steps each takes
     attack: Attack = field(default_factory=Attack)  # which clients are corrupted, and how
     channel: Channel | list | None = None  # what clients send (compression, privacy): a Channel or a list of stages
+    noise: float = 0.0  # partition.noise: client i of N sees Gaussian noise of sd noise * i / N on its images
 
 
 @dataclass
@@ -155,6 +156,9 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
             natural_partition(bundle.train_y, 1, generator=torch.Generator())  # raises the one-line error for such a dataset
         settings = replace(settings, num_clients=int(bundle.train_owner.unique().numel()))
     connect(parts, settings)
+    if isinstance(parts.noise, bool) or not isinstance(parts.noise, (int, float)) or not 0 <= parts.noise < float("inf"):
+        raise ValueError(f"partition.noise={parts.noise!r} is not allowed; it must be a finite number at least 0 "
+                         "(the noise's standard deviation for the last client)")
     needs = parts.aggregator.needs
     if bundle is None:
         bundle = parts.dataset(root=str(Path(data_root).expanduser()), download=download)
@@ -178,6 +182,8 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     model = build_model(parts.model, bundle, settings.seed, device)
     data = DeviceData(bundle, device, model.input_shape)
     check_fits(model, data)
+    if parts.noise > 0:
+        data.add_feature_noise([pool[p] for p in split], float(parts.noise), settings.seed)
     if len(model.input_shape) == 3 and model.input_shape[1] >= 4 * bundle.image_size:  # built for much larger images
         log.warning("%s takes %dx%d inputs: %s's %dx%d images are upsampled %dx; a backbone for small images "
                     "(e.g. a CIFAR stem) may suit them better", type(model).__name__, *model.input_shape[1:],

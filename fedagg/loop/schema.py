@@ -31,6 +31,8 @@ from fedagg.loop import threads
 
 META_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 READ_BY_SCRIPTS = ("table",)  # a table experiment's layout, read by make_table and plot from summary.json
+# keys every option of a group takes, read by the run rather than by the option's target
+SHARED_KEYS = {"partition": {"noise": float}}  # NIID-Bench feature noise on any split (fedagg.data.device)
 
 
 @dataclass
@@ -143,8 +145,9 @@ def _locate(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def check_node(node: DictConfig, prefix: str) -> None:
-    """A group option: its keys are its target's parameters, typed by their annotations; nested options too."""
+def check_node(node: DictConfig, prefix: str, shared: dict | None = None) -> None:
+    """A group option: its keys are its target's parameters, typed by their annotations; nested options too.
+    `shared`: keys (and their types) the run reads from any option of the group."""
     target = _locate(node["_target_"])
     function = target.__init__ if inspect.isclass(target) else target
     params = {n: p for n, p in inspect.signature(function).parameters.items() if n != "self"}
@@ -154,6 +157,8 @@ def check_node(node: DictConfig, prefix: str) -> None:
         hints, declared = typing.get_type_hints(function), constraints(function)
     except (NameError, TypeError):  # an annotation that names what only a type checker imports: check no types
         hints, declared = {}, {}
+    params = {**dict.fromkeys(shared or ()), **params}
+    hints = {**(shared or {}), **hints}
     plain = {}
     for key in node:
         if key in META_KEYS:
@@ -204,4 +209,4 @@ def check_config(cfg: DictConfig, groups: tuple[str, ...]) -> None:
     for group in groups:
         if group == "model" and cfg.get("model") is None:
             continue  # model: null, the dataset's default_model, filled in by the edge before a run
-        check_node(cfg[group], f"{group}.")
+        check_node(cfg[group], f"{group}.", SHARED_KEYS.get(group))
