@@ -43,6 +43,7 @@ CASES = [
     ("resnet34", CIFAR10, {"stem": "cifar"}, (3, 32, 32)),
     ("cnn_femnist", dict(num_classes=62, in_channels=1, image_size=28), {}, (1, 28, 28)),
     ("cnn_femnist", CIFAR10, {}, (3, 32, 32)),
+    ("resnet18_gn", CIFAR100, {}, (3, 32, 32)),
 ]
 SEQUENCE_MODELS = {"lstm_shakespeare"}  # token ids in, logits per position out: tests/test_natural.py
 

@@ -1,0 +1,30 @@
+"""ResNet-18 with group norm (Reddi et al. 2021, "Adaptive Federated Optimization", Sec. 5 and
+App. C: ResNet-18 for CIFAR-10 and CIFAR-100 "replacing batch norm with group norm", Hsieh et
+al. 2020, 2 groups per layer). Group norm keeps no running statistics, so nothing but the
+trained weights is averaged across clients, and it behaves the same at any batch size.
+
+torchvision's resnet18 with every BatchNorm2d replaced by GroupNorm(groups, C); the stems are
+those of `fedagg.models.resnet_imagenet` (`stem: cifar` by default: a 3x3/1 conv and no
+max-pool at the dataset's own size, for 32x32 images)."""
+from torch import nn
+
+from fedagg.models.resnet_imagenet import ResNet18
+
+
+class ResNet18GN(ResNet18):
+    def __init__(self, *, num_classes: int, in_channels: int, image_size: int, groups: int = 2,
+                 stem: str = "cifar", input_size: int | None = None):
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or 64 % groups:
+            raise ValueError(f"model.groups={groups!r} is not allowed; it must divide 64 (the narrowest layer), e.g. 2")
+        super().__init__(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
+                         input_size=input_size, stem=stem)
+        _swap_norms(self.net, groups)
+
+
+def _swap_norms(module: nn.Module, groups: int) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            # torchvision's own init for norms: weight 1, bias 0 (GroupNorm's default too)
+            setattr(module, name, nn.GroupNorm(groups, child.num_features))
+        else:
+            _swap_norms(child, groups)
