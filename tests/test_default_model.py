@@ -17,7 +17,7 @@ from fedagg.loop.assembly import check_fits
 from fedagg.models.simple import MLP
 
 DEFAULTS = {"digits": "mlp", "mnist": "cnn_mnist", "fmnist": "cnn_mnist", "cifar10": "resnet20",
-            "cifar100": "resnet20", "tinyimagenet": "resnet18", "imagenet": "resnet18"}
+            "cifar100": "resnet20", "cifar100_fl": "resnet18_gn", "tinyimagenet": "resnet18", "imagenet": "resnet18"}
 
 
 def test_every_dataset_yaml_names_its_default():

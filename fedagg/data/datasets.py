@@ -327,3 +327,14 @@ def cifar100(root: str, *, mean: Sequence[float], std: Sequence[float], augment:
     """CIFAR-100 3x32x32, the 100 fine labels, from `root/cifar-100-python/`."""
     del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
     return _cifar(_tv().CIFAR100, "cifar100", root, mean, std, augment, verify_md5, download)
+
+
+def cifar100_fl(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
+                verify_md5: bool = True, download: bool = False,
+                default_model: str | None = None) -> DatasetBundle:
+    """CIFAR-100 as federated by Reddi et al. 2021 (App. C): the `cifar100` files, whose training set
+    `partition=pachinko` splits into 500 clients of 100 images; the test set is cifar100's."""
+    del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
+    bundle = _cifar(_tv().CIFAR100, "cifar100", root, mean, std, augment, verify_md5, download)
+    bundle.name = "cifar100_fl"
+    return bundle
