@@ -220,7 +220,8 @@ def test_a_noisy_run_keeps_the_split_and_changes_only_what_clients_see(tmp_path)
     skew = train(compose_config(*base[:2], "partition=feature_skew", "partition.noise=1.0"), tmp_path / "skew")
     split = [json.loads((tmp_path / r / "partition.json").read_text()) for r in ("plain", "noisy", "skew")]
     assert split[0] == split[1] == split[2]  # the same iid split; only the images differ
-    assert noisy["config"]["partition"]["noise"] == 1.0
+    assert plain["status"] == noisy["status"] == skew["status"] == "completed"
+    assert noisy["config"]["partition"]["noise"] == 1.0 and "noise" not in plain["config"]["partition"]
     loss = [float(next(csv.DictReader(open(tmp_path / r / "metrics.csv")))["train_loss"]) for r in ("plain", "noisy", "skew")]
     assert abs(loss[1] - loss[0]) > 1e-3  # the clients trained on other images (float noise: 1e-6 would be rounding)
     assert loss[2] == pytest.approx(loss[1], rel=1e-6)  # feature_skew is iid + partition.noise, same streams
