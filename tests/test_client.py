@@ -43,8 +43,10 @@ def test_bad_values_name_the_key_and_value(kwargs, key):
 
 def _data():
     """Four 1-feature samples on the CPU, served as they are: enough to drive one client's SGD by hand."""
-    return SimpleNamespace(device=torch.device("cpu"), augment=False, train_x=torch.tensor([[1.0], [2.0], [3.0], [4.0]]),
+    data = SimpleNamespace(device=torch.device("cpu"), augment=False, train_x=torch.tensor([[1.0], [2.0], [3.0], [4.0]]),
                            train_y=torch.tensor([0, 1, 0, 1]), prepare=lambda x: x)
+    data.train_images = lambda idx: data.train_x[idx]  # the images as clients see them (no feature noise)
+    return data
 
 
 def _train_once(trainer, model, client, lr=0.1, round=1):
@@ -76,6 +78,7 @@ def test_local_training_is_torch_sgd_over_the_planned_batches_bit_for_bit(option
     torch.manual_seed(0)
     x, y = torch.randn(23, 5), torch.randint(0, 3, (23,))
     data = SimpleNamespace(device=torch.device("cpu"), augment=False, train_x=x, train_y=y, prepare=lambda t: t)
+    data.train_images = lambda idx: data.train_x[idx]  # the images as clients see them (no feature noise)
     model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
     plain = copy.deepcopy(model)
     client = ClientData(4, torch.arange(23), torch.arange(0))

@@ -112,6 +112,7 @@ def test_every_client_starts_from_the_global_model(tmp_path):
     gen = torch.Generator().manual_seed(0)
     data = SimpleNamespace(device=torch.device("cpu"), augment=False, train_x=torch.randn(8, 3, generator=gen),
                            train_y=torch.tensor([0, 1] * 4), prepare=lambda x: x)
+    data.train_images = lambda idx: data.train_x[idx]  # the images as clients see them (no feature noise)
     model = nn.Linear(3, 2)
     w = get_params(model)
     before = w.clone()

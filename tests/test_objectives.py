@@ -57,6 +57,7 @@ def test_local_step_with_fedprox_adds_mu_times_distance_to_the_gradient():
     trainer = LocalSGD(lr=0.1, batch_size=2, local_epochs=1, objective=FedProx(mu=0.7))
     client = ClientData(0, torch.arange(4), torch.arange(0))
     data = SimpleNamespace(device=torch.device("cpu"), augment=False, train_x=X, train_y=Y, prepare=lambda x: x)
+    data.train_images = lambda idx: data.train_x[idx]  # the images as clients see them (no feature noise)
     job = RoundJob(model, trainer, data, [client], get_params(model), get_buffers(model), lr=0.1, seed=0, round=1)
     SequentialEngine().train_round(job)
     order = torch.randperm(4, generator=generator(0, "batches", 0, 1))  # the client's own batch stream

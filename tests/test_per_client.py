@@ -49,6 +49,7 @@ def test_per_client_accuracy_and_its_spread_by_hand():
     x = torch.eye(3)[torch.tensor([0, 1, 2, 0, 1, 2, 0])]
     y = torch.tensor([0, 1, 2, 1, 1, 0, 2])
     data = SimpleNamespace(train_x=x, train_y=y, prepare=lambda t: t)
+    data.train_images = lambda idx: data.train_x[idx]  # the images as clients see them (no feature noise)
     tests = [torch.tensor([0, 1, 2, 3]), torch.tensor([4, 5]), torch.tensor([6])]
     acc = per_client_accuracy(ArgmaxOfInput(), data, tests, batch_size=3)  # batches cross client boundaries
     assert acc.tolist() == pytest.approx([0.75, 0.5, 0.0])

@@ -38,7 +38,7 @@ def per_client_accuracy(model: nn.Module, data, test_idx: list[Tensor], batch_si
     model.eval()
     for start in range(0, idx.numel(), batch_size):
         part = idx[start:start + batch_size]
-        x, y = local_test(data, part)
+        x, y = local_test(data, part)  # a client's local test samples as it sees them (with partition.noise)
         right = (model(x).argmax(-1) == y).float().view(part.numel(), -1).mean(1)  # a sequence: its positions' share
         correct.index_add_(0, owner[start:start + batch_size], right)
     return correct / sizes.clamp(min=1)
