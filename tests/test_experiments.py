@@ -42,12 +42,11 @@ GRID = {
     "fedawa_table3": 5 * 2 * 2 * 3,
     "fedawa_table5": 3 * 2 * 2 * 3,
     "fednnnn_table2": 5 * 4 * 2 * 3,
-    "fedopt_table2": 5 * 2 * 3,  # femnist and shakespeare join the sweep with those datasets
+    "fedopt_table2": 5 * 4 * 3,
+    "fedprox_figures": 3 * 5 * 3 * 3,
 }
 # backbones of fedawa.txt Table 3 that fedagg does not have: in the paper's CSV, never run
-NOT_IN_FEDAGG = {("fedawa_table3", "model"): {"wrn56_4", "densenet121", "vit"},
-                 # until the femnist and shakespeare datasets are in fedagg (then they join the sweep)
-                 ("fedopt_table2", "dataset"): {"femnist", "shakespeare"}}
+NOT_IN_FEDAGG = {("fedawa_table3", "model"): {"wrn56_4", "densenet121", "vit"}}
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
