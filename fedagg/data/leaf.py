@@ -129,10 +129,11 @@ def _cached(name: str, files: list[Path], train_frac: float, decode) -> dict:
 
 
 def femnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False, train_frac: float = 0.9,
-            download: bool = False) -> DatasetBundle:
+            download: bool = False,
+            default_model: str | None = None) -> DatasetBundle:
     """FEMNIST: EMNIST by writer, 62 classes, 1x28x28, from `root/femnist/all_data/*.json`. LEAF stores pixels
     as floats in [0, 1] (white background near 1); they become round(255 v)."""
-    del download  # never downloaded: see the module's docstring
+    del download, default_model  # never downloaded: see the module's docstring
     folder, files = _json_files("femnist", root)
 
     def decode() -> dict:
@@ -157,11 +158,12 @@ def encode(text: str) -> list[int]:
     return [VOCABULARY.find(c) if c in VOCABULARY else space for c in text]
 
 
-def shakespeare(root: str, *, train_frac: float = 0.8, download: bool = False) -> DatasetBundle:
+def shakespeare(root: str, *, train_frac: float = 0.8, download: bool = False,
+                default_model: str | None = None) -> DatasetBundle:
     """Shakespeare: next-character prediction over LEAF's 80 characters, one client per speaking role, from
     `root/shakespeare/all_data/*.json`. A sample is LEAF's 80-character x and its next character y, kept as
     81 tokens: the model reads the first 80 and is scored at every position against the next one."""
-    del download
+    del download, default_model  # default_model: the backbone fedagg.run trains when no model is chosen
     folder, files = _json_files("shakespeare", root)
 
     def decode() -> dict:

@@ -67,10 +67,11 @@ def _check(key: str, ok: bool, value, allowed: str) -> None:
 
 
 def synthetic(root: str | None = None, *, alpha: float = 1.0, beta: float = 1.0, iid: bool = False,
-              num_devices: int = 30, train_frac: float = 0.9, seed: int = 0, download: bool = False) -> DatasetBundle:
+              num_devices: int = 30, train_frac: float = 0.9, seed: int = 0, download: bool = False,
+              default_model: str | None = None) -> DatasetBundle:
     """Synthetic(α, β) as 60-feature vectors ([N, 60, 1, 1]: `mlr`'s and `mlp`'s input), 10 classes, with each
     device a natural client (`partition=natural`); `root` and `download` are unused."""
-    del root, download
+    del root, download, default_model  # default_model: the backbone fedagg.run trains when no model is chosen
     for key, value in (("alpha", alpha), ("beta", beta)):
         _check(key, isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, value,
                "it must be a number >= 0 (a standard deviation)")

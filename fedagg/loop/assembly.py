@@ -126,9 +126,10 @@ def effective_val_frac(val_frac: float | None, needs: Needs) -> float:
 
 
 def check_fits(model: nn.Module, data: DeviceData) -> None:
-    """One forward pass on two test images, so that a backbone that cannot take the dataset (an LSTM on
-    images, a classifier sized for other images) is one line before any training, not a traceback in round 1."""
-    x, _ = next(data.eval_batches(None, 2))
+    """One forward pass on two training samples, so that a backbone that cannot take the dataset (an LSTM on
+    images, a classifier sized for other images) is one line before any training, not a traceback in round 1.
+    Training samples, not test ones: a tuning trial (eval.split=val) must never read the test set."""
+    x = data.prepare(data.train_x[:2])
     was_training = model.training
     model.eval()  # leaves BatchNorm's running statistics as they are
     try:
