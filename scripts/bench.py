@@ -41,6 +41,7 @@ from fedagg.clients.trainer import LocalSGD  # noqa: E402
 from fedagg.data.datasets import DatasetBundle, mnist  # noqa: E402
 from fedagg.data.partition import dirichlet, iid  # noqa: E402
 from fedagg.data.seeding import generator  # noqa: E402
+from fedagg.engines import _packed  # noqa: E402
 from fedagg.engines.base import RoundJob  # noqa: E402
 from fedagg.engines.parallel import ParallelEngine  # noqa: E402
 from fedagg.engines.sequential import SequentialEngine  # noqa: E402
@@ -296,8 +297,11 @@ def main(argv=None) -> None:
     p.add_argument("--cifar-samples", type=int, default=None,
                    help="size of the CIFAR-shaped training pool (default 50,000 on CUDA, 5,000 on the CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--grouped-conv", action="store_true",
+                   help="the parallel engine's CPU convolutions as before: grouped, except per client for input layers")
     p.add_argument("--tf32", action="store_true", help="TF32 matmuls and convolutions (fedagg's tf32=true); off by default")
     args = p.parse_args(argv)
+    _packed.CPU_CONV_LOOP = not args.grouped_conv
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32  # one setting for both
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -6,7 +6,8 @@ per-client gradients slowly. `pack(model)` returns a copy (sharing the original'
 whose Conv2d, Linear, BatchNorm and pooling layers carry their own batching rule: the K
 clients become K groups of one grouped convolution, K*C channels of one BatchNorm or
 pooling call and one batched matmul, with activations kept as [B, K, C, H, W] from layer
-to layer. Outside vmap each layer computes exactly what the original does.
+to layer. Outside vmap each layer computes exactly what the original does. On the CPU a
+convolution runs once per client instead (the grouped kernel is the slower one there).
 
 The parallel engine differentiates with ordinary autograd around the vmapped forward
 (grad of vmap), so the backward pass runs these plain grouped kernels, not vmap rules.
@@ -24,7 +25,8 @@ from torch import Tensor, nn
 from torch._C._functorch import is_batchedtensor
 
 
-LOOP_MAX_CHANNELS, LOOP_MIN_BATCH = 4, 32  # per-client convolutions for input layers (see _conv_packed)
+CPU_CONV_LOOP = True  # per-client convolutions on the CPU (see _conv_packed); False: only for input layers
+LOOP_MAX_CHANNELS, LOOP_MIN_BATCH = 4, 32  # the input layers of the rule before (kept for scripts/bench.py)
 
 
 class PackContext:
@@ -77,11 +79,12 @@ def stacked_channels_last(w: Tensor) -> Tensor:
 
 
 def _conv_packed(k, in_dims, x, w, b, stride, padding, dilation, groups, channels_last):
-    loop = x.device.type == "cpu" and w.shape[-3] <= LOOP_MAX_CHANNELS
-    if in_dims[0] is not None and loop and x.shape[1 - in_dims[0]] >= LOOP_MIN_BATCH:
-        # an input layer on large CPU batches: oneDNN's grouped kernels with so few channels per group are
-        # slower than one ordinary convolution per client (on a GPU the grouped kernel is one launch, not K)
-        xs, ws = x.movedim(in_dims[0], 0), _front(w, in_dims[1], k)
+    input_layer = w.shape[-3] <= LOOP_MAX_CHANNELS and x.shape[1 - (in_dims[0] or 0)] >= LOOP_MIN_BATCH
+    if x.device.type == "cpu" and (CPU_CONV_LOOP or (in_dims[0] is not None and input_layer)):
+        # on the CPU, oneDNN's grouped kernels (K groups of a few channels) run about 1.2-2x slower than one
+        # ordinary convolution per client, forward and backward, for every layer shape of the MNIST/CIFAR CNNs
+        # measured (1 thread; K 1-100, 1-64 channels, batches 10-64); on a GPU the grouped kernel is one launch, not K
+        xs, ws = _front(x, in_dims[0], k), _front(w, in_dims[1], k)
         bs = None if b is None else _front(b, in_dims[2], k)
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         outs = [F.conv2d(xs[i].contiguous(memory_format=fmt), ws[i], None if bs is None else bs[i], stride, padding,
