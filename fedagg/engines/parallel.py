@@ -19,7 +19,6 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.clients.validation import ValidationPlan
 from fedagg.config.constraints import Range, checked
@@ -31,6 +30,58 @@ from fedagg.models.flat import unflatten
 
 ChunkSize = Annotated[int | str, Range(ge=1, integer=True, also=("auto",), words="use auto or an integer >= 1")]
 log = logging.getLogger(__name__)
+
+
+def _structure(model: nn.Module) -> list:
+    return [(n, t.shape, t.dtype) for n, t in (*model.named_parameters(), *model.named_buffers())]
+
+
+def _count(sel, k: int) -> int:
+    """How many clients a group's selection (a range or an index tensor) holds, of a part of k."""
+    return len(range(k)[sel]) if isinstance(sel, slice) else sel.numel()
+
+
+def loss_key(trainer: LocalSGD) -> tuple:
+    """What decides a client's loss function beyond its weights and batch: runs whose trainers give the same key
+    share one vmapped call (their objective's type and settings; its per-client state is an argument)."""
+    objective = trainer.objective
+    settings = sorted((k, v) for k, v in vars(objective).items() if isinstance(v, (bool, int, float, str)))
+    return type(objective).__qualname__, type(objective).__module__, tuple(settings)
+
+
+class _Part:
+    """One run's clients in a chunk (most steps first), its SGD on its block of the stacked tensors, and what
+    its training gives back."""
+
+    def __init__(self, job: RoundJob, idx: list[int]) -> None:
+        self.job, self.idx = job, idx
+        self.clients = [job.clients[k] for k in idx]
+        budgets = None if job.budgets is None else [job.budgets[k] for k in idx]
+        self.plan = job.trainer.plan(self.clients, job.data, seed=job.seed, round=job.round, budgets=budgets)
+        self.loss_key = loss_key(job.trainer)
+
+    def initial_params(self, shapes: list[torch.Size]) -> list[Tensor]:
+        k = len(self.clients)
+        return [p.unsqueeze(0).repeat(k, *[1] * len(p.shape)).contiguous()
+                for p in unflatten(self.job.global_params, shapes)]  # per parameter tensor, [k, ...]
+
+    def bind(self, P: list[Tensor], Bf: list[Tensor], offset: int, shapes: list[torch.Size]) -> None:
+        job, k = self.job, len(self.clients)
+        rows = slice(offset, offset + k)
+        self.P, self.Bf = [p[rows] for p in P], [b[rows] for b in Bf]  # views: steps write into the stack
+        self.sgd = job.trainer.optimizer(self.P, self.clients, job.lr)
+        self.anchor = [a.clone() for a in unflatten(job.global_params, shapes)]
+        self.state = job.trainer.objective_state(self.clients, job.global_params, shapes)
+        self.loss_sum = torch.zeros(k, device=job.global_params.device)
+
+    def finish(self) -> None:
+        job, k = self.job, len(self.clients)
+        self.flat = torch.cat([p.reshape(k, -1) for p in self.P], 1)
+        self.sent = job.trainer.finish(self.plan, self.clients, self.flat, job.global_params, self.sgd, job.model,
+                                       job.lr)
+        self.flat_buffers = (torch.cat([b.reshape(k, -1).float() for b in self.Bf], 1) if self.Bf
+                             else self.flat.new_zeros(k, 0))
+        self.losses = job.trainer.mean_loss(self.loss_sum, self.plan)
 
 
 class ParallelEngine(Engine):
@@ -46,14 +97,17 @@ class ParallelEngine(Engine):
     def clients_in_memory(self) -> int:
         return CPU_CHUNK if self.chunk_size == "auto" else self.chunk_size
 
-    def _resolve_chunk_size(self, job: RoundJob) -> None:
-        """`auto`: as many clients as the device holds (engines/memory.py), chosen once, at the first round."""
+    def _resolve_chunk_size(self, jobs: list[RoundJob]) -> None:
+        """`auto`: as many clients as the device holds (engines/memory.py), chosen once, at the first round, for
+        every client of `jobs` (several runs' when a sweep is stacked) and the data they keep on the device."""
         if self.chunk_size != "auto":
             return
-        data = job.data
+        job, data = jobs[0], jobs[0].data
         sample = data.prepare(data.train_x[:1])[0]
-        resident = sum(t.numel() * t.element_size() for t in (data.train_x, data.train_y, data.test_x, data.test_y))
-        self.chunk_size = auto_chunk_size(job.model, sample, job.trainer.batch_size, len(job.clients), resident)
+        datas = {id(j.data): j.data for j in jobs}.values()
+        resident = sum(t.numel() * t.element_size() for d in datas for t in (d.train_x, d.train_y, d.test_x, d.test_y))
+        self.chunk_size = auto_chunk_size(job.model, sample, job.trainer.batch_size,
+                                          sum(len(j.clients) for j in jobs), resident)
         log.info("engine.chunk_size=auto: %d clients at once on %s", self.chunk_size, sample.device)
 
     def check(self, trainer: LocalSGD) -> None:
@@ -62,8 +116,9 @@ class ParallelEngine(Engine):
                              "(it declares stackable = False); use engine=sequential")
 
     def _prepare_model(self, model: nn.Module) -> None:
-        """Pack the model once (it keeps its structure from round to round)."""
-        if self._model is model:
+        """Pack the model once (it keeps its structure from round to round; the runs of a stacked sweep share
+        one structure, and the packed copy runs on the weights it is given, never on its own)."""
+        if self._model is model or (self._model is not None and _structure(self._model) == _structure(model)):
             return
         self._model = model
         self._packed, self._ctx = pack(model)
@@ -74,6 +129,8 @@ class ParallelEngine(Engine):
         self._btemplates = [b for b in model.buffers()]
         # with and without per-client objective state
         self._train_fns = [vmap(self._client_loss, in_dims=(0, 0, 0, 0, None, d)) for d in (None, 0)]
+        # several runs' clients in one call: each with its own run's global model as anchor
+        self._stacked_fns = [vmap(self._client_loss, in_dims=(0, 0, 0, 0, 0, d)) for d in (None, 0)]
         self._eval_fn = vmap(self._client_logits, in_dims=(0, 0, 0))
         # compiled for full batches; the few partial ones run eagerly rather than compile their shapes
         self._compiled = [torch.compile(f) for f in self._train_fns] if self.compile else None
@@ -103,69 +160,109 @@ class ParallelEngine(Engine):
 
     def train_round(self, job: RoundJob) -> RoundResult:
         """Train `job.clients` from the global weights; score each on `job.val_indices[k]` when given."""
-        self._prepare_model(job.model)
-        self._resolve_chunk_size(job)
-        self._trainer = job.trainer  # read by the vmapped loss
-        clients, val_indices = job.clients, job.val_indices
-        steps = job.steps()
-        order = sorted(range(len(clients)), key=lambda k: -steps[k])  # stable: ties keep the round's order
-        n_chunks = -(-len(clients) // self.chunk_size)
-        bounds = [len(clients) * i // n_chunks for i in range(n_chunks + 1)]  # chunks of near-equal size
-        device = job.global_params.device
-        params = job.global_params.new_empty(len(clients), job.global_params.numel())
-        buffers = job.global_buffers.new_empty(len(clients), job.global_buffers.numel())
-        losses = torch.empty(len(clients), device=device)
-        accs = torch.empty(len(clients), device=device) if val_indices is not None else None
-        payloads: list[dict | None] = [None] * len(clients)
-        for lo, hi in zip(bounds, bounds[1:]):
-            idx = order[lo:hi]
-            chunk = [clients[k] for k in idx]
-            budgets = None if job.budgets is None else [job.budgets[k] for k in idx]
-            flat, flat_buffers, mean_losses, sent, P, Bf = self._train_chunk(job, chunk, budgets)
-            rows = torch.tensor(idx, device=device)
-            params[rows], buffers[rows], losses[rows] = flat, flat_buffers, mean_losses
-            for k, payload in zip(idx, sent):
-                payloads[k] = payload
-            if val_indices is not None:
-                accs[rows] = self._accuracy(P, Bf, [val_indices[k] for k in idx], job.data)
-        return RoundResult(params=params, buffers=buffers, train_loss=losses, val_acc=accs,
-                           local_steps=local_steps(job), payloads=stack_payloads(payloads))
+        return self.train_rounds([job])[0]
 
-    def _train_chunk(self, job: RoundJob, clients: list[ClientData], budgets: list[int] | None):
-        """Train one chunk; returns flat params [k, P], flat buffers [k, B], mean task losses [k],
-        payloads, and the stacked per-tensor parameters and buffers."""
-        k, trainer, global_params = len(clients), job.trainer, job.global_params
-        plan = trainer.plan(clients, job.data, seed=job.seed, round=job.round, budgets=budgets)
-        P = [p.unsqueeze(0).repeat(k, *[1] * len(p.shape)).contiguous()
-             for p in unflatten(global_params, self._pshapes)]  # per parameter tensor, [k, ...]
+    def train_rounds(self, jobs: list[RoundJob]) -> list[RoundResult]:
+        """A round of several runs at once (a stacked sweep, fedagg/stacking): models of one structure, each
+        run with its own global weights, clients, data, trainer and learning rate. Every client's local
+        training is its own computation, so each result is what `train_round(job)` gives that job alone."""
+        self._prepare_model(jobs[0].model)
+        self._resolve_chunk_size(jobs)
+        steps = [job.steps() for job in jobs]
+        # every run's clients, ordered by their local steps (stable: ties keep the runs' and rounds' order)
+        pairs = sorted(((j, k) for j, job in enumerate(jobs) for k in range(len(job.clients))),
+                       key=lambda jk: -steps[jk[0]][jk[1]])
+        n_chunks = -(-len(pairs) // self.chunk_size)
+        bounds = [len(pairs) * i // n_chunks for i in range(n_chunks + 1)]  # chunks of near-equal size
+        out = []
+        for job in jobs:
+            k_all, gp, gb = len(job.clients), job.global_params, job.global_buffers
+            out.append(RoundResult(params=gp.new_empty(k_all, gp.numel()), buffers=gb.new_empty(k_all, gb.numel()),
+                                   train_loss=torch.empty(k_all, device=gp.device),
+                                   val_acc=torch.empty(k_all, device=gp.device) if job.val_indices is not None else None,
+                                   local_steps=local_steps(job)))
+        payloads: list[list[dict | None]] = [[None] * len(job.clients) for job in jobs]
+        for lo, hi in zip(bounds, bounds[1:]):
+            members = {}  # run -> its clients in this chunk, most steps first
+            for j, k in pairs[lo:hi]:
+                members.setdefault(j, []).append(k)
+            parts = [_Part(jobs[j], idx) for j, idx in sorted(members.items())]
+            self._train_chunk(parts)
+            for (j, idx), part in zip(sorted(members.items()), parts):
+                res, job = out[j], jobs[j]
+                rows = torch.tensor(idx, device=job.global_params.device)
+                res.params[rows], res.buffers[rows], res.train_loss[rows] = part.flat, part.flat_buffers, part.losses
+                for k, payload in zip(idx, part.sent):
+                    payloads[j][k] = payload
+                if job.val_indices is not None:
+                    res.val_acc[rows] = self._accuracy(part.P, part.Bf, [job.val_indices[k] for k in idx], job.data)
+        for res, sent in zip(out, payloads):
+            res.payloads = stack_payloads(sent)
+        return out
+
+    def _train_chunk(self, parts: list[_Part]) -> None:
+        """Train one chunk: the clients of one or more runs, their parameters, buffers and momentum stacked as
+        one [k, ...] tensor per parameter, each run's clients a contiguous block. Each part receives its
+        clients' flat params [k, P], flat buffers [k, B], mean task losses [k], payloads, and its views of the
+        stacked per-tensor parameters and buffers."""
+        device = parts[0].job.global_params.device
+        P = [ps[0] if len(parts) == 1 else torch.cat(ps) for ps in zip(*(part.initial_params(self._pshapes)
+                                                                            for part in parts))]
         if self.channels_last:  # convolution weights laid out as their packed forward reads them
             P = [stacked_channels_last(p) if p.dim() == 5 else p for p in P]
-        Bf = self._stacked_buffers(job.global_buffers, k)  # per buffer, [k, ...]
-        sgd = trainer.optimizer(P, clients, job.lr)
-        anchor = [a.clone() for a in unflatten(global_params, self._pshapes)]
-        state = trainer.objective_state(clients, global_params, self._pshapes)
-        loss_sum = torch.zeros(k, device=global_params.device)
+        Bf = [bs[0] if len(parts) == 1 else torch.cat(bs)
+              for bs in zip(*(self._stacked_buffers(part.job.global_buffers, len(part.clients)) for part in parts))]
+        offset = 0
+        for part in parts:  # each run's SGD (its lr, momentum, kept state) on its block of the stacked tensors
+            part.bind(P, Bf, offset, self._pshapes)
+            offset += len(part.clients)
         self._packed.train()
-        for t in range(len(plan)):
-            for n, sel in plan.groups[t]:
-                x, y = plan.batch(t, n, sel)
-                x, y = x.view(-1, n, *x.shape[1:]), y.view(-1, n, *y.shape[1:])  # [g, n, ...]: one batch per client
-                leaves = [p[sel].detach().requires_grad_() for p in P]
-                buffers = [b[sel] for b in Bf]  # BatchNorm updates these in place
-                fns = self._compiled if self._compiled is not None and n == plan.batch_size else self._train_fns
-                with self._autocast(global_params.device):
-                    total, task = fns[state is not None](leaves, buffers, x, y, anchor,
-                                                         None if state is None else [s[sel] for s in state])
-                grads = torch.autograd.grad(total.sum(), leaves)
-                sgd.step(list(grads), sel)
-                if not isinstance(sel, slice):  # a gathered group: write its statistics back
-                    for b, new in zip(Bf, buffers):
-                        b[sel] = new
-                loss_sum[sel] += task * n
-        flat = torch.cat([p.reshape(k, -1) for p in P], 1)
-        sent = trainer.finish(plan, clients, flat, global_params, sgd, job.model, job.lr)
-        flat_buffers = torch.cat([b.reshape(k, -1).float() for b in Bf], 1) if Bf else flat.new_zeros(k, 0)
-        return flat, flat_buffers, trainer.mean_loss(loss_sum, plan), sent, P, Bf
+        for t in range(max(len(part.plan) for part in parts)):
+            # one vmapped forward and backward per batch size and loss shared by the runs' clients at step t
+            calls: dict[tuple, list[tuple[_Part, int, object]]] = {}
+            for part in parts:
+                for n, sel in (part.plan.groups[t] if t < len(part.plan) else []):
+                    calls.setdefault((n, part.loss_key), []).append((part, n, sel))
+            for (n, _), group in sorted(calls.items(), key=lambda item: -item[0][0]):
+                self._step(group, t, n, device)
+        for part in parts:
+            part.finish()
+
+    def _step(self, group: list[tuple[_Part, int, object]], t: int, n: int, device: torch.device) -> None:
+        """One local step of the clients in `group` (parts with batches of n samples, one loss)."""
+        single = len(group) == 1
+        batches = [part.plan.batch(t, n, sel) for part, _, sel in group]
+        x = batches[0][0] if single else torch.cat([b[0] for b in batches])
+        y = batches[0][1] if single else torch.cat([b[1] for b in batches])
+        x, y = x.view(-1, n, *x.shape[1:]), y.view(-1, n, *y.shape[1:])  # [g, n, ...]: one batch per client
+        if single:
+            part, _, sel = group[0]
+            leaves = [p[sel].detach().requires_grad_() for p in part.P]
+            buffers = [b[sel] for b in part.Bf]  # BatchNorm updates these in place
+            anchor, state = part.anchor, None if part.state is None else [s[sel] for s in part.state]
+        else:
+            leaves = [torch.cat(ps).detach().requires_grad_()
+                      for ps in zip(*([p[sel] for p in part.P] for part, _, sel in group))]
+            buffers = [torch.cat(bs) for bs in zip(*([b[sel] for b in part.Bf] for part, _, sel in group))]
+            anchor = [torch.cat(a) for a in zip(*([a.expand(_count(sel, len(part.clients)), *a.shape)
+                                                   for a in part.anchor] for part, _, sel in group))]
+            state = None if group[0][0].state is None else [
+                torch.cat(s) for s in zip(*([s[sel] for s in part.state] for part, _, sel in group))]
+        self._trainer = group[0][0].job.trainer  # read by the vmapped loss; the group shares its loss
+        fns = self._compiled if self._compiled is not None and n == group[0][0].plan.batch_size else self._train_fns
+        if not single:
+            fns = self._stacked_fns
+        with self._autocast(device):
+            total, task = fns[state is not None](leaves, buffers, x, y, anchor, state)
+        grads = torch.autograd.grad(total.sum(), leaves)
+        sizes = [_count(sel, len(part.clients)) for part, _, sel in group]
+        for i, (part, _, sel) in enumerate(group):
+            lo, hi = sum(sizes[:i]), sum(sizes[:i + 1])
+            part.sgd.step([g[lo:hi] for g in grads] if not single else list(grads), sel)
+            if not single or not isinstance(sel, slice):  # a gathered group: write its statistics back
+                for b, new in zip(part.Bf, buffers):
+                    b[sel] = new[lo:hi] if not single else new
+            part.loss_sum[sel] += task[lo:hi] * n if not single else task * n
 
     @torch.no_grad()
     def _accuracy(self, P: list[Tensor], Bf: list[Tensor], val_idx: list[Tensor], data) -> Tensor:

@@ -1,0 +1,66 @@
+"""Several runs' rounds in one parallel-engine computation (a stacked sweep) give each run what it gets alone.
+
+Three runs of one model structure that differ in everything a sweep varies (global weights, seed, clients,
+learning rate, momentum, client objective and its state, straggler budgets, chunk boundaries): their stacked
+round equals each run's own `train_round`, two rounds long so kept optimizer and objective state carry over.
+Bit for bit: every client's arithmetic is its own (per-client convolutions on the CPU, one matrix per client
+in the batched matmuls, its own SGD step), only which clients share a call differs.
+"""
+
+import pytest
+import torch
+
+from fedagg.aggregators.scaffold import ScaffoldClient
+from fedagg.clients.objectives import FedProx
+from fedagg.clients.trainer import LocalSGD
+from fedagg.engines.base import RoundJob
+from fedagg.engines.parallel import ParallelEngine
+from fedagg.models.cnns import CNNSmall
+from fedagg.models.flat import get_buffers, get_params
+from fedagg.models.resnet_cifar import ResNet20
+from fedagg.models.simple import MLP
+from tests.test_parallel_engine import _setup
+
+RUNS = [  # client sizes, trainer options, objective, budgets, seed
+    ([7, 26, 13], dict(lr=0.05, momentum=0.9, batch_size=6, local_epochs=2, keep_optimizer_state=True), None, None, 3),
+    ([20, 9, 15, 11], dict(lr=0.1, batch_size=6, local_epochs=2), lambda: ScaffoldClient(), [2, 10, 10, 1], 4),
+    ([12, 30], dict(lr=0.02, momentum=0.5, batch_size=6, local_epochs=2), lambda: FedProx(mu=0.1), None, 5),
+    ([18, 8, 6], dict(lr=0.05, batch_size=6, local_epochs=2), None, None, 6),  # same loss as the first: one call
+]
+
+
+def _runs(model_cls, channels, size):
+    runs = []
+    for i, (sizes, kw, objective, budgets, seed) in enumerate(RUNS):
+        model, data, clients = _setup(model_cls, channels, size, sizes, augment=channels == 3)
+        torch.manual_seed(i)  # each run its own global weights
+        model = model_cls(num_classes=10, in_channels=channels, image_size=size)
+        trainer = LocalSGD(**kw, objective=objective() if objective else None)
+        runs.append((model, data, clients, trainer, budgets, seed, (get_params(model), get_buffers(model))))
+    return runs
+
+
+def _job(run, r, start):
+    model, data, clients, trainer, budgets, seed, _ = run
+    return RoundJob(model, trainer, data, clients, start[0].clone(), start[1].clone(), lr=trainer.lr, seed=seed,
+                    round=r, val_indices=[c.val_idx for c in clients], budgets=budgets)
+
+
+@pytest.mark.parametrize("model_cls,channels,size,chunk", [
+    (MLP, 1, 8, 64),  # every run in one chunk
+    pytest.param(CNNSmall, 1, 28, 5, marks=pytest.mark.slow),  # chunks cut across runs
+    pytest.param(ResNet20, 3, 8, 4, marks=pytest.mark.slow),  # BatchNorm statistics, crop and flip
+])
+def test_a_stacked_round_equals_each_run_alone(model_cls, channels, size, chunk):
+    alone_runs, stacked_runs = _runs(model_cls, channels, size), _runs(model_cls, channels, size)
+    alone = [[ParallelEngine(chunk_size=chunk).train_round(_job(run, r, run[-1])) for r in (1, 2)] for run in alone_runs]
+    engine = ParallelEngine(chunk_size=chunk)
+    stacked = [engine.train_rounds([_job(run, r, run[-1]) for run in stacked_runs]) for r in (1, 2)]
+    for j in range(len(RUNS)):
+        for r in (0, 1):
+            a, s = alone[j][r], stacked[r][j]
+            for key in ("params", "buffers", "train_loss", "val_acc", "local_steps"):
+                assert torch.equal(getattr(s, key), getattr(a, key)), (j, r, key)
+            assert s.payloads.keys() == a.payloads.keys()
+            for key in a.payloads:
+                assert torch.equal(s.payloads[key], a.payloads[key])
