@@ -40,6 +40,7 @@ from fedagg.loop.schema import check_config
 from fedagg.data.device import resolve_device
 from fedagg.loop.settings import Settings
 from fedagg.loop.splits import scaled_rounds
+from fedagg import stacking
 from fedagg.results.groups import GROUPS, RECORDED_CHOICES
 from fedagg.tracking.files import write_json
 
@@ -240,6 +241,7 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     if "noise" in parts.partition.keywords:  # read by the run, which adds it to the images, not by the split
         parts.partition = functools.partial(parts.partition.func, *parts.partition.args,
                                             **{k: v for k, v in parts.partition.keywords.items() if k != "noise"})
+    parts.engine = stacking.engine_for(parts.engine)  # in a stacked sweep's group: rounds trained together
     if held is not None and cfg.overwrite:
         clear_run(run_dir)
         log.warning("overwrite=true: removed %s from %s", held, run_dir)

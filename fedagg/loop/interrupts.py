@@ -18,6 +18,9 @@ import threading
 
 log = logging.getLogger(__name__)
 _requested_before = False
+# for round loops in threads other than the main one (a stacked sweep's runs), which no signal reaches: their
+# launcher takes the signal and sets this
+_stop_threads = threading.Event()
 
 
 class StoppedNow(KeyboardInterrupt):
@@ -35,14 +38,27 @@ def clear_stop_request() -> None:
     _requested_before = False
 
 
+def stop_all_loops(stop: bool = True) -> None:
+    """Ask every round loop of this process, in any thread, to stop after its round (False: clear that)."""
+    _stop_threads.set() if stop else _stop_threads.clear()
+
+
 class StopRequests:
     """Context manager: `requested` turns true on the first SIGINT or SIGTERM."""
 
     def __init__(self) -> None:
-        self.requested = False
+        self._requested = False
         self._previous: dict[int, object] = {}
         self._writing = 0  # depth of the writes a second Ctrl-C waits for
         self._stop_now = False
+
+    @property
+    def requested(self) -> bool:
+        return self._requested or _stop_threads.is_set()
+
+    @requested.setter
+    def requested(self, value: bool) -> None:
+        self._requested = value
 
     def _handle(self, signum, frame) -> None:
         if self.requested and signum == signal.SIGINT:
