@@ -1,0 +1,107 @@
+"""hydra/launcher=stacked: a sweep's jobs trained together give each job the files it gets run alone.
+
+Six jobs (FedAvg and SCAFFOLD x 3 seeds, all with stragglers, partial participation, momentum and kept
+optimizer state) on the digits MLP: the stacked sweep against the same sweep through the basic launcher
+(each job alone, engine=parallel), file by file; a stacked sweep killed with SIGKILL mid-round and launched
+again finishes with the same files; a job that fails or diverges leaves the others completed.
+"""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+JOBS = ["aggregator=fedavg,scaffold", "seed=0,1,2"]
+COMMON = ["engine=parallel", "rounds=4", "checkpoint_every=1", "resume=true", "system=stragglers",
+          "clients_per_round=6", "client.momentum=0.9", "client.keep_optimizer_state=true", "device=cpu"]
+VARIABLE = {"elapsed_s", "wall_time_s"}  # wall-clock figures
+
+
+def sweep(folder, *extra, launcher="stacked", wait=True):
+    cmd = [sys.executable, "-m", "fedagg.run", "-m", *COMMON, *JOBS, *extra, f"hydra.sweep.dir={folder}"]
+    if launcher:
+        cmd.append(f"hydra/launcher={launcher}")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def rows(path):
+    with open(path) as f:
+        return [{k: v for k, v in row.items() if k not in VARIABLE} for row in csv.DictReader(f)]
+
+
+def summary(path):
+    s = json.loads(path.read_text())
+    return {k: v for k, v in s.items() if k not in VARIABLE}
+
+
+def assert_same_job(a, b):
+    assert rows(a / "metrics.csv") == rows(b / "metrics.csv")  # every figure as written, to its last digit
+    assert rows(a / "weights.csv") == rows(b / "weights.csv")
+    assert summary(a / "summary.json") == summary(b / "summary.json")
+    assert (a / "partition.json").read_text() == (b / "partition.json").read_text()
+    assert (a / "config.yaml").read_text() == (b / "config.yaml").read_text()
+    ma, mb = torch.load(a / "model.pt"), torch.load(b / "model.pt")
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("alone")
+    done = sweep(folder, launcher=None)  # the basic launcher: one job after another
+    assert done.returncode == 0, done.stdout + done.stderr
+    return folder
+
+
+@pytest.mark.slow
+def test_a_stacked_sweep_equals_its_jobs_run_alone(alone, tmp_path):
+    done = sweep(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "jobs #0, #1, #2, #3, #4, #5 train together" in done.stdout + done.stderr
+    assert "6 completed" in done.stdout + done.stderr
+    for job in range(6):
+        assert_same_job(tmp_path / str(job), alone / str(job))
+    assert "scaffold" in json.loads((tmp_path / "5" / "summary.json").read_text())["choices"]["aggregator"]
+
+
+@pytest.mark.slow
+def test_a_killed_stacked_sweep_finishes_with_the_same_files(alone, tmp_path):
+    proc = sweep(tmp_path, wait=False)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:  # kill once some job has a checkpoint, none is done
+        if any((tmp_path / str(j) / "checkpoint.pt").exists() for j in range(6)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stdout.read()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not all((tmp_path / str(j) / "summary.json").exists() for j in range(6))  # it stopped mid-sweep
+    done = sweep(tmp_path)  # the same command
+    assert done.returncode == 0, done.stdout + done.stderr
+    for job in range(6):
+        assert_same_job(tmp_path / str(job), alone / str(job))
+
+
+@pytest.mark.slow
+def test_a_failing_and_a_diverging_job_leave_the_others_completed(tmp_path):
+    cmd = [sys.executable, "-m", "fedagg.run", "-m", "engine=parallel", "rounds=3", "device=cpu",
+           "client.lr=0.05,-1,1e30", "seed=0,1", "hydra/launcher=stacked", f"hydra.sweep.dir={tmp_path}"]
+    done = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "2 completed, 2 diverged, 2 failed" in out
+    assert "client.lr=-1 is not allowed; it must be > 0" in out
+    statuses = [json.loads((tmp_path / str(j) / "summary.json").read_text())["status"] for j in range(6)]
+    assert statuses == ["completed", "completed", "failed", "failed", "diverged", "diverged"]
