@@ -89,6 +89,7 @@ def test_a_killed_stacked_sweep_finishes_with_the_same_files(alone, tmp_path):
     assert not all((tmp_path / str(j) / "summary.json").exists() for j in range(6))  # it stopped mid-sweep
     done = sweep(tmp_path)  # the same command
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "resuming after round" in done.stdout + done.stderr
     for job in range(6):
         assert_same_job(tmp_path / str(job), alone / str(job))
 

@@ -160,6 +160,17 @@ class StackedLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._launch(job_overrides, initial_job_idx)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            from fedagg.loop import interrupts
+
+            interrupts.stop_all_loops(False)
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
@@ -175,25 +186,16 @@ class StackedLauncher(Launcher):
         groups = form_groups(keys, self.max_group)
         log.info("stacked launcher: %d jobs in %d group(s)", len(configs), len(groups))
         returns: list[JobReturn | None] = [None] * len(configs)
-        previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            for positions, why in groups:
-                names = ", ".join(f"#{configs[i].hydra.job.num}" for i in positions)
-                if len(positions) == 1:
-                    i = positions[0]
-                    log.info("#%d runs alone (%s): %s", configs[i].hydra.job.num, why,
-                             " ".join(filter_overrides(job_overrides[i])))
-                    returns[i] = self._run(configs[i], configure_logging=True)
-                else:
-                    log.info("jobs %s train together", names)
-                    self._run_group(positions, configs, returns)
-                configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            from fedagg.loop import interrupts
-
-            interrupts.stop_all_loops(False)
+        for positions, why in groups:
+            if len(positions) == 1:
+                i = positions[0]
+                log.info("#%d runs alone (%s): %s", configs[i].hydra.job.num, why,
+                         " ".join(filter_overrides(job_overrides[i])))
+                returns[i] = self._run(configs[i], configure_logging=True)
+            else:
+                log.info("jobs %s train together", ", ".join(f"#{configs[i].hydra.job.num}" for i in positions))
+                self._run_group(positions, configs, returns)
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return returns
 
     def _run(self, cfg: DictConfig, configure_logging: bool, task_function: TaskFunction | None = None) -> JobReturn:
