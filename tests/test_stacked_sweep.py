@@ -106,3 +106,32 @@ def test_a_failing_and_a_diverging_job_leave_the_others_completed(tmp_path):
     assert "client.lr=-1 is not allowed; it must be > 0" in out
     statuses = [json.loads((tmp_path / str(j) / "summary.json").read_text())["status"] for j in range(6)]
     assert statuses == ["completed", "completed", "failed", "failed", "diverged", "diverged"]
+
+
+def _composed(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=["device=cpu", *overrides], return_hydra_config=True)
+
+
+def test_jobs_group_by_model_and_local_training_shape_and_others_say_why():
+    from hydra_plugins.fedagg_stacked_launcher.stacked_launcher import form_groups, group_key
+
+    keys = [group_key(_composed(*o)) for o in (
+        ["engine=parallel"],
+        ["engine=parallel", "aggregator=scaffold", "seed=3", "client.lr=0.2", "system=stragglers", "attack=sign_flip",
+         "partition.alpha=0.1"],
+        ["engine=parallel", "model=mlr"],
+        [],  # engine=auto, sequential on the CPU
+        ["engine=parallel", "deterministic=true"],
+        ["engine=parallel", "client.batch_size=16"],
+        ["engine=parallel", "client/objective=fedprox"],  # another loss: its own call in the same computation
+    )]
+    assert keys[0][0] is not None and keys[1][0] == keys[0][0] == keys[6][0]
+    assert len({keys[0][0], keys[2][0], keys[5][0]}) == 3
+    assert keys[3] == (None, "stacked rounds are trained by the parallel engine and this job runs engine=auto on cpu: "
+                             "add engine=parallel to train it with the others")
+    assert keys[4] == (None, "deterministic=true is a process-wide torch setting")
+    groups = form_groups(keys, max_group=2)
+    assert [g for g, _ in groups] == [[0, 1], [2], [3], [4], [5], [6]]

@@ -53,6 +53,7 @@ def group_key(cfg: DictConfig) -> tuple[str | None, str]:
 
     if cfg.hydra.job.chdir:
         return None, "hydra.job.chdir=true changes the working folder of the whole process"
+    saved = HydraConfig.instance().cfg
     try:
         HydraConfig.instance().set_config(cfg)  # experiment files read hydra:runtime.choices
         task = copy.deepcopy(cfg)
@@ -61,14 +62,17 @@ def group_key(cfg: DictConfig) -> tuple[str | None, str]:
         plain = OmegaConf.to_container(task, resolve=True)
     except Exception as err:  # the job itself says what is wrong when it runs
         return None, f"its configuration does not resolve ({type(err).__name__})"
+    finally:
+        HydraConfig.instance().cfg = saved
     engine = plain.get("engine", {}).get("_target_")
     try:
         device = resolve_device(plain.get("device", "auto")).type
     except Exception:
         return None, f"device={plain.get('device')!r} does not resolve here"
     if not (engine == PARALLEL or (engine == AUTO and device == "cuda")):
-        return None, (f"stacked rounds are trained by the parallel engine and this job runs {engine.rsplit('.', 1)[-1]} "
-                      f"on {device}: add engine=parallel to train it with the others")
+        choice = cfg.hydra.runtime.choices.get("engine")
+        return None, (f"stacked rounds are trained by the parallel engine and this job runs engine={choice} on "
+                      f"{device}: add engine=parallel to train it with the others")
     for key in ("deterministic", "tf32"):
         if plain.get(key) is True:
             return None, f"{key}=true is a process-wide torch setting"
@@ -180,9 +184,7 @@ class StackedLauncher(Launcher):
             with open_dict(cfg):
                 cfg.hydra.job.id = cfg.hydra.job.num = initial_job_idx + i
             configs.append(cfg)
-        saved = HydraConfig.instance().cfg
         keys = [group_key(cfg) for cfg in configs]
-        HydraConfig.instance().cfg = saved
         groups = form_groups(keys, self.max_group)
         log.info("stacked launcher: %d jobs in %d group(s)", len(configs), len(groups))
         returns: list[JobReturn | None] = [None] * len(configs)
