@@ -298,7 +298,8 @@ def main(argv=None) -> None:
                    help="size of the CIFAR-shaped training pool (default 50,000 on CUDA, 5,000 on the CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--grouped-conv", action="store_true",
-                   help="the parallel engine's CPU convolutions as before: grouped, except per client for input layers")
+                   help="the parallel engine's CPU convolutions as before: grouped, except per client for large "
+                        "batches into input layers")
     p.add_argument("--tf32", action="store_true", help="TF32 matmuls and convolutions (fedagg's tf32=true); off by default")
     args = p.parse_args(argv)
     _packed.CPU_CONV_LOOP = not args.grouped_conv

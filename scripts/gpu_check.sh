@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, one command: the `cuda` tests, then scripts/bench.py on every workload with both engines,
-# plain and with each fast path (bf16, channels-last, compile, TF32), every table into one folder.
+# plain and with each fast path (bf16, channels-last, compile, TF32), then a 64-job sweep stacked vs one after
+# another (scripts/bench_stacked.sh gpu), every table into one folder.
 #   bash scripts/gpu_check.sh [OUT_DIR]      (default: $OUT, else gpu_check/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,3 +15,6 @@ for flags in "" "--precision bf16" "--channels-last" "--compile" "--tf32"; do
   "${PYTHON:-python3}" scripts/bench.py --device cuda --rounds 3 --data-root "${FEDAGG_DATA:-../shared/data}" $flags > "$out/${name//--/_}.txt" 2>&1
   echo "bench ${flags:-(fp32)}: done"; tail -n 12 "$out/${name//--/_}.txt"
 done
+# a sweep trained together: 64 jobs of MNIST cnn_small cross-device, stacked vs one after another (issue 27)
+PYTHON="${PYTHON:-python3}" FEDAGG_DATA="${FEDAGG_DATA:-../shared/data}" bash scripts/bench_stacked.sh gpu "$out/stacked"
+cat "$out/stacked/times.txt"

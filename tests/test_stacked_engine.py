@@ -3,8 +3,10 @@
 Three runs of one model structure that differ in everything a sweep varies (global weights, seed, clients,
 learning rate, momentum, client objective and its state, straggler budgets, chunk boundaries): their stacked
 round equals each run's own `train_round`, two rounds long so kept optimizer and objective state carry over.
-Bit for bit: every client's arithmetic is its own (per-client convolutions on the CPU, one matrix per client
-in the batched matmuls, its own SGD step), only which clients share a call differs.
+Bit for bit for the MLP: every client's arithmetic is its own (one matrix per client in the batched matmuls, its
+own SGD step), only which clients share a call differs. Not for convolutions on small batches: the CPU's grouped
+kernel for K clients rounds differently for another K (per-client convolutions, used on batches of 32 and
+more, are exact), so those models are compared to a relative tolerance far below what a wrong batch or step moves.
 """
 
 import pytest
@@ -13,13 +15,20 @@ import torch
 from fedagg.aggregators.scaffold import ScaffoldClient
 from fedagg.clients.objectives import FedProx
 from fedagg.clients.trainer import LocalSGD
+from fedagg.engines import _packed
 from fedagg.engines.base import RoundJob
 from fedagg.engines.parallel import ParallelEngine
 from fedagg.models.cnns import CNNSmall
 from fedagg.models.flat import get_buffers, get_params
 from fedagg.models.resnet_cifar import ResNet20
 from fedagg.models.simple import MLP
-from tests.test_parallel_engine import _setup
+from tests.test_parallel_engine import _rel, _setup
+
+# relative difference allowed where grouped convolutions run (small batches); measured after two rounds: CNN at
+# most 4e-7; a wrong batch, step or state moves client models by 1e-2 and more. (ResNet-20 on these 8x8 toy
+# batches amplifies such rounding chaotically through BatchNorm over 2-sample 2x2 maps, up to 1e-1: it runs
+# with per-client convolutions, which make it exact.)
+REL = 1e-5
 
 RUNS = [  # client sizes, trainer options, objective, budgets, seed
     ([7, 26, 13], dict(lr=0.05, momentum=0.9, batch_size=6, local_epochs=2, keep_optimizer_state=True), None, None, 3),
@@ -51,16 +60,23 @@ def _job(run, r, start):
     pytest.param(CNNSmall, 1, 28, 5, marks=pytest.mark.slow),  # chunks cut across runs
     pytest.param(ResNet20, 3, 8, 4, marks=pytest.mark.slow),  # BatchNorm statistics, crop and flip
 ])
-def test_a_stacked_round_equals_each_run_alone(model_cls, channels, size, chunk):
+def test_a_stacked_round_equals_each_run_alone(model_cls, channels, size, chunk, monkeypatch):
+    if model_cls is ResNet20:
+        monkeypatch.setattr(_packed, "LOOP_MIN_BATCH", 1)  # per-client convolutions on every batch: exact
     alone_runs, stacked_runs = _runs(model_cls, channels, size), _runs(model_cls, channels, size)
     alone = [[ParallelEngine(chunk_size=chunk).train_round(_job(run, r, run[-1])) for r in (1, 2)] for run in alone_runs]
     engine = ParallelEngine(chunk_size=chunk)
     stacked = [engine.train_rounds([_job(run, r, run[-1]) for run in stacked_runs]) for r in (1, 2)]
+    exact = model_cls is not CNNSmall
     for j in range(len(RUNS)):
         for r in (0, 1):
             a, s = alone[j][r], stacked[r][j]
-            for key in ("params", "buffers", "train_loss", "val_acc", "local_steps"):
-                assert torch.equal(getattr(s, key), getattr(a, key)), (j, r, key)
+            assert torch.equal(s.local_steps, a.local_steps)
             assert s.payloads.keys() == a.payloads.keys()
-            for key in a.payloads:
-                assert torch.equal(s.payloads[key], a.payloads[key])
+            pairs = [(getattr(s, key), getattr(a, key)) for key in ("params", "buffers", "train_loss", "val_acc")]
+            pairs += [(s.payloads[key], a.payloads[key]) for key in a.payloads]
+            for got, want in pairs:
+                if exact:
+                    assert torch.equal(got, want)
+                else:  # grouped convolutions of other group counts round differently: far below what a bug moves
+                    assert _rel(got, want) < REL, _rel(got, want)

@@ -6,8 +6,8 @@ per-client gradients slowly. `pack(model)` returns a copy (sharing the original'
 whose Conv2d, Linear, BatchNorm and pooling layers carry their own batching rule: the K
 clients become K groups of one grouped convolution, K*C channels of one BatchNorm or
 pooling call and one batched matmul, with activations kept as [B, K, C, H, W] from layer
-to layer. Outside vmap each layer computes exactly what the original does. On the CPU a
-convolution runs once per client instead (the grouped kernel is the slower one there).
+to layer. Outside vmap each layer computes exactly what the original does. On the CPU with
+large batches a convolution runs once per client instead (the grouped kernel is the slower one there).
 
 The parallel engine differentiates with ordinary autograd around the vmapped forward
 (grad of vmap), so the backward pass runs these plain grouped kernels, not vmap rules.
@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from torch._C._functorch import is_batchedtensor
 
 
-CPU_CONV_LOOP = True  # per-client convolutions on the CPU (see _conv_packed); False: only for input layers
-LOOP_MAX_CHANNELS, LOOP_MIN_BATCH = 4, 32  # the input layers of the rule before (kept for scripts/bench.py)
+CPU_CONV_LOOP = True  # per-client convolutions on the CPU for large batches (see _conv_packed); False: the rule before
+LOOP_MAX_CHANNELS, LOOP_MIN_BATCH = 4, 32  # before: per client only for input layers (few channels) on large batches
 
 
 class PackContext:
@@ -79,11 +79,12 @@ def stacked_channels_last(w: Tensor) -> Tensor:
 
 
 def _conv_packed(k, in_dims, x, w, b, stride, padding, dilation, groups, channels_last):
-    input_layer = w.shape[-3] <= LOOP_MAX_CHANNELS and x.shape[1 - (in_dims[0] or 0)] >= LOOP_MIN_BATCH
-    if x.device.type == "cpu" and (CPU_CONV_LOOP or (in_dims[0] is not None and input_layer)):
-        # on the CPU, oneDNN's grouped kernels (K groups of a few channels) run about 1.2-2x slower than one
-        # ordinary convolution per client, forward and backward, for every layer shape of the MNIST/CIFAR CNNs
-        # measured (1 thread; K 1-100, 1-64 channels, batches 10-64); on a GPU the grouped kernel is one launch, not K
+    large = in_dims[0] is not None and x.shape[1 - in_dims[0]] >= LOOP_MIN_BATCH
+    if x.device.type == "cpu" and large and (CPU_CONV_LOOP or w.shape[-3] <= LOOP_MAX_CHANNELS):
+        # on the CPU, with batches of 32 and more, oneDNN's grouped kernels (K groups of a few channels) ran
+        # 1.3-2x slower than one ordinary convolution per client, forward and backward (LeNet's 12-channel layers:
+        # what made engine=parallel slower than sequential on cross_silo); on small batches (cross_device's 10)
+        # the grouped kernel wins, its one call against K; on a GPU the grouped kernel is one launch, not K
         xs, ws = _front(x, in_dims[0], k), _front(w, in_dims[1], k)
         bs = None if b is None else _front(b, in_dims[2], k)
         fmt = torch.channels_last if channels_last else torch.contiguous_format
