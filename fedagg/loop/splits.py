@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from typing import Callable
 
 import torch
@@ -40,9 +41,13 @@ def make_clients(parts: list[Tensor], val_frac: float, seed: int, device: torch.
     return clients
 
 
+_GLOBAL_GENERATOR = threading.Lock()
+
+
 def build_model(factory: Callable[..., nn.Module], bundle, seed: int, device: torch.device) -> nn.Module:
     """The initial global model, drawn from its own stream without touching the global RNG."""
-    with torch.random.fork_rng(devices=[]):  # the CPU generator only: built on the CPU, then moved
+    # the lock: runs of a stacked sweep build their models in threads of one process, and share this generator
+    with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=[]):  # the CPU generator only: built on the CPU, then moved
         torch.default_generator.manual_seed(stream_seed(seed, "init"))  # torch.manual_seed would reseed every GPU
         model = factory(num_classes=bundle.num_classes, in_channels=bundle.in_channels, image_size=bundle.image_size)
     return model.to(device)
