@@ -80,15 +80,16 @@ class CNNMnist(_ConvNet):
     Padding 2 ("same") is what gives the paper's 1,663,370 parameters on 28x28 (7*7*64 =
     3136 inputs to the fc); the footnote's "1024x512" would be the unpadded variant."""
 
-    def __init__(self, *, num_classes: int, in_channels: int, image_size: int):
+    def __init__(self, *, num_classes: int, in_channels: int, image_size: int, hidden: int = 512,
+                 name: str = "cnn_mnist"):
         super().__init__()
         self.input_shape = (in_channels, image_size, image_size)
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
         )
-        flat = _flat_size("cnn_mnist", self.features, self.input_shape)
-        self.classifier = nn.Sequential(nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, num_classes))
+        flat = _flat_size(name, self.features, self.input_shape)
+        self.classifier = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
 
 
 class CNNFedNNNNMnist(_ConvNet):

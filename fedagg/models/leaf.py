@@ -14,22 +14,16 @@ import math
 import torch
 from torch import Tensor, nn
 
-from fedagg.models.cnns import _ConvNet, _flat_size
+from fedagg.models.cnns import CNNMnist
 
 
-class CNNFemnist(_ConvNet):
-    """LEAF's FEMNIST CNN: 5x5 convs 32 and 64 ("same" padding), each with ReLU and a 2x2 max-pool, fc 2048, fc C
-    (6,603,710 parameters on 1x28x28 with 62 classes)."""
+class CNNFemnist(CNNMnist):
+    """LEAF's FEMNIST CNN: McMahan et al.'s CNN (5x5 convs 32 and 64, "same" padding, each with ReLU and a 2x2
+    max-pool) with fc 2048 before fc C (6,603,710 parameters on 1x28x28 with 62 classes)."""
 
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int):
-        super().__init__()
-        self.input_shape = (in_channels, image_size, image_size)
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        )
-        flat = _flat_size("cnn_femnist", self.features, self.input_shape)
-        self.classifier = nn.Sequential(nn.Linear(flat, 2048), nn.ReLU(), nn.Linear(2048, num_classes))
+        super().__init__(num_classes=num_classes, in_channels=in_channels, image_size=image_size, hidden=2048,
+                         name="cnn_femnist")
 
 
 class LSTMLayer(nn.Module):
