@@ -68,7 +68,7 @@ class DP(Stage):
             raise ValueError(f"channel=dp is not allowed with aggregator {name}: its rule is not a weighted mean with "
                              "data-independent weights, so noise on that mean does not make it private; use fedavg, "
                              "fedavgm, fedadam, fedyogi, fedadagrad or fedams")
-        if getattr(aggregator, "weighting", "uniform") != "uniform":
+        if aggregator.weighting != "uniform":  # every weighted-mean rule takes FedAvg's weighting
             raise ValueError(f"aggregator.weighting={aggregator.weighting} is not allowed with channel=dp: the noise "
                              "is scaled for the uniform mean (SPEC); set aggregator.weighting=uniform")
         try:
