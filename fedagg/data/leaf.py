@@ -96,6 +96,11 @@ def _split(name: str, per_user: list[tuple[np.ndarray, np.ndarray]], train_frac:
         log.info("%s: %d clients with fewer than 2 samples left out (no train/test split possible)", name, dropped)
     if not parts["train"][2]:
         raise DataError(f"{name}: no client has the 2 samples a train/test split needs")
+    return stack(parts)
+
+
+def stack(parts: dict[str, list[list[np.ndarray]]]) -> dict:
+    """Per split, the clients' [xs], [ys] and [owner columns] as the tensors a DatasetBundle takes."""
     out = {}
     for split, (xs, ys, owners) in parts.items():
         out[f"{split}_x"] = torch.from_numpy(np.ascontiguousarray(np.concatenate(xs)))
@@ -104,27 +109,27 @@ def _split(name: str, per_user: list[tuple[np.ndarray, np.ndarray]], train_frac:
     return out
 
 
-def _cached(name: str, files: list[Path], train_frac: float, decode) -> dict:
+def cached(name: str, files: list[Path], train_frac: float | None, decode, source: str = "leaf") -> dict:
     """`decode()`'s tensors, from the cache when these files (names, sizes, times) were decoded before."""
     digest = hashlib.sha1(f"{name} v{CACHE_VERSION} tf={train_frac}\n".encode())
     for path in files:
         stat = path.stat()
         digest.update(f"{path.resolve()}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
     try:
-        cache = cache_folder() / f"{name}-leaf-{digest.hexdigest()[:16]}.pt"
+        cache = cache_folder() / f"{name}-{source}-{digest.hexdigest()[:16]}.pt"
     except DataError as err:  # the cache saves parsing time; the run works without it
-        log.warning("%s; reading %s's JSON without a cache (again on every run)", err, name)
+        log.warning("%s; reading %s's files without a cache (again on every run)", err, name)
         return decode()
     if cache.is_file():
         try:
             return torch.load(cache, weights_only=True)
         except Exception as err:  # noqa: BLE001 - unpickling a damaged file raises almost anything
-            log.warning("ignoring unreadable cache %s (%s); reading the JSON again", cache, err)
+            log.warning("ignoring unreadable cache %s (%s); reading the files again", cache, err)
     tensors = decode()
     try:
         _save_atomically(tensors, cache)
     except OSError as err:
-        log.warning("could not write the cache %s (%s); the next run reads the JSON again", cache, err)
+        log.warning("could not write the cache %s (%s); the next run reads the files again", cache, err)
     return tensors
 
 
@@ -147,7 +152,7 @@ def femnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: 
             per_user.append((np.rint(np.clip(pixels, 0, 1) * 255).astype(np.uint8), labels))
         return _split("femnist", per_user, train_frac, in_order=False)
 
-    t = _cached("femnist", files, train_frac, decode)
+    t = cached("femnist", files, train_frac, decode)
     return DatasetBundle("femnist", t["train_x"], t["train_y"], t["test_x"], t["test_y"], FEMNIST_CLASSES, mean, std,
                          augment, train_owner=t["train_owner"], test_owner=t["test_owner"])
 
@@ -180,6 +185,6 @@ def shakespeare(root: str, *, train_frac: float = 0.8, download: bool = False,
             log.warning("shakespeare: %d characters outside LEAF's vocabulary read as spaces", unknown)
         return _split("shakespeare", per_user, train_frac, in_order=True)
 
-    t = _cached("shakespeare", files, train_frac, decode)
+    t = cached("shakespeare", files, train_frac, decode)
     return DatasetBundle("shakespeare", t["train_x"], t["train_y"], t["test_x"], t["test_y"], len(VOCABULARY), (0.0,),
                          (1.0,), False, inputs="tokens", train_owner=t["train_owner"], test_owner=t["test_owner"])
