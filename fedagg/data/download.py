@@ -1,11 +1,13 @@
 """Datasets with a public source are downloaded on first use (`data.download`, true by default).
 
-A download goes into a scratch folder beside the dataset, is checked against its MD5,
+A download goes into a scratch folder beside the dataset, is checked against its MD5 (or the
+SHA-256 its publisher gives, written "sha256:<hex>"),
 extracted there, and only then renamed into place, so an interrupted, refused or failed
 download leaves nothing half-written. Runs that need the same dataset at once (the jobs of
 a sweep) take a lock per dataset and folder, kept in the cache rather than the data folder,
 and the second finds the files the first put there. The official URLs and checksums are
-torchvision's for MNIST, Fashion-MNIST and CIFAR, and the archive's own for Tiny-ImageNet.
+torchvision's for MNIST, Fashion-MNIST and CIFAR, the archive's own for Tiny-ImageNet, and
+TensorFlow Federated's (its simulation/datasets code) for the FEMNIST and Shakespeare h5 files.
 ImageNet is never downloaded (its licence needs a registration).
 """
 
@@ -38,9 +40,10 @@ class DownloadError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class Source:
-    files: tuple[tuple[str, str], ...]  # (url, md5) of every file to fetch
+    files: tuple[tuple[str, str], ...]  # (url, md5 or "sha256:<hex>") of every file to fetch
     target: str  # what the download creates under data.root
     archive: bool  # extract the files (their content includes `target`) rather than place them in `target`
+    bare: bool = False  # an archive of loose files (TFF's): what it extracts becomes `target` itself
 
 
 def _torchvision(name: str) -> Source:
@@ -55,12 +58,23 @@ def _torchvision(name: str) -> Source:
 
 TINY_IMAGENET = Source((("http://cs231n.stanford.edu/tiny-imagenet-200.zip", "90528d7ca1a48142e341f4ef8d21d0de"),),
                        "tiny-imagenet-200", True)
+# TensorFlow Federated's copies of LEAF's FEMNIST (3,400 writers) and Shakespeare (715 roles), one train and one
+# test h5 file per archive, loose; the SHA-256s are those TFF's own loaders check (tensorflow_federated/python/
+# simulation/datasets/emnist.py, fed_emnist with only_digits=False, and shakespeare.py). Unpacked into
+# data.root/<name>/tff/ (fetch is given data.root/<name> as its root).
+TFF = "https://storage.googleapis.com/tff-datasets-public/"
+TFF_FEMNIST = Source(((TFF + "fed_emnist.tar.bz2",
+                       "sha256:fe1ed5a502cea3a952eb105920bff8cffb32836b5173cb18a57a32c3606f3ea0"),), "tff", True, bare=True)
+TFF_SHAKESPEARE = Source(((TFF + "shakespeare.tar.bz2",
+                           "sha256:0285be9906cb5f268092eee4edeeacfc2af4574f2941f7cc2f08a321d7f5c707"),), "tff", True,
+                         bare=True)
+FIXED = {"tinyimagenet": TINY_IMAGENET, "femnist": TFF_FEMNIST, "shakespeare": TFF_SHAKESPEARE}
 SOURCES: dict[str, Source] = {}  # filled on first use (torchvision's class attributes); tests replace entries
 
 
 def source(name: str) -> Source:
     if name not in SOURCES:
-        SOURCES[name] = TINY_IMAGENET if name == "tinyimagenet" else _torchvision(name)
+        SOURCES[name] = FIXED[name] if name in FIXED else _torchvision(name)
     return SOURCES[name]
 
 
@@ -76,10 +90,11 @@ def _lock(name: str, root: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _fetch_file(url: str, md5: str, into: Path) -> Path:
-    """Stream `url` into the folder `into` with a progress bar, checking the MD5 on the way."""
+def _fetch_file(url: str, checksum: str, into: Path) -> Path:
+    """Stream `url` into the folder `into` with a progress bar, checking the MD5 (or "sha256:<hex>") on the way."""
     path = into / url.rsplit("/", 1)[-1]
-    digest = hashlib.md5()
+    algorithm, _, expected = checksum.rpartition(":")
+    digest = hashlib.new(algorithm or "md5")
     with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response, open(path, "wb") as out:
         total = int(response.headers.get("Content-Length") or 0) or None
         with tqdm(total=total, unit="B", unit_scale=True, desc=path.name, file=sys.stderr,
@@ -90,8 +105,9 @@ def _fetch_file(url: str, md5: str, into: Path) -> Path:
                 bar.update(len(chunk))
         if total is not None and out.tell() != total:
             raise DownloadError(f"the connection closed after {out.tell()} of {total} bytes")
-    if digest.hexdigest() != md5:
-        raise DownloadError(f"its MD5 is {digest.hexdigest()}, not the expected {md5}")
+    if digest.hexdigest() != expected:
+        label = "SHA-256" if algorithm == "sha256" else "MD5"
+        raise DownloadError(f"its {label} is {digest.hexdigest()}, not the expected {expected}")
     return path
 
 
@@ -117,8 +133,8 @@ def fetch(name: str, root: Path, how: str, present: Callable[[], bool], only: Se
                 path = _fetch_file(url, md5, scratch)
                 if src.archive:
                     extract_archive(str(path), str(scratch / "extracted"))
-            if src.archive:
-                os.replace(scratch / "extracted" / src.target, target)  # a leftover target must be moved first
+            if src.archive:  # a leftover target must be moved first
+                os.replace(scratch / "extracted" / ("" if src.bare else src.target), target)
             else:
                 target.mkdir(parents=True, exist_ok=True)
                 for url, _ in files:
