@@ -1,5 +1,11 @@
 """`dataset=femnist` and `dataset=shakespeare`: LEAF's federated datasets (Caldas et al. 2018), one
-client per writer or speaking role, read from the JSON files LEAF's own preprocessing writes.
+client per writer or speaking role, read from the JSON files LEAF's own preprocessing writes or,
+when there are none, from TensorFlow Federated's h5 copies (fedagg.data.tff), downloaded when missing.
+
+Which files: `data.root/<name>/all_data/*.json` (LEAF) when that folder holds any; otherwise
+`data.root/<name>/tff/` (TFF's train and test h5 files), fetched first when they are missing and
+`data.download` is on (checked against the SHA-256 TFF's loaders use, written atomically); otherwise
+one error naming both folders and what to put in each.
 
 Source: LEAF's `data/<name>/preprocess.sh` (github.com/TalwalkarLab/leaf) downloads the raw
 NIST SD19 images or the Gutenberg text and writes `data/<name>/data/all_data/*.json`, every
@@ -7,12 +13,12 @@ writer's (role's) samples before any split: `{"users": [...], "user_data": {user
 "y": [...]}}}`. fedagg reads those files from `data.root/<name>/all_data/` and makes the split
 LEAF's `--tf` would, itself (per client, from a fixed stream, so every run sees the same test
 samples): FEMNIST 90/10 at random per writer, Shakespeare 80/20 in time order per role. Why this
-source: it is the one SPEC's client counts refer to (3,597 writers, 1,129 roles), its format needs
-no library beyond the standard one (TFF's h5 copies need h5py and hold 3,400 writers and 715
-roles), and it stays reproducible from public raw data. Its preprocessing needs network, the NIST
-download (about 1 GB) and LEAF's scripts, which fedagg does not reimplement: no processed copy is
-published with a checksum, so fedagg never downloads these files and says what to put where.
-The decoded tensors are cached (keyed by the JSON files' names, sizes and times), as the JPEG
+source first: it is the one SPEC's client counts refer to (3,597 writers, 1,129 roles), its format
+needs no library beyond the standard one, and it stays reproducible from public raw data. Its
+preprocessing needs network, the NIST download (about 1 GB) and LEAF's scripts, which fedagg does not
+reimplement and LEAF publishes no processed copy: so the download is TFF's (3,400 writers, 715 roles,
+each client's train/test split TFF's own; SPEC allows TFF's EMNIST-62 where that file is what is
+provided). The decoded tensors are cached (keyed by the JSON files' names, sizes and times), as the JPEG
 datasets are, because parsing FEMNIST's JSON takes minutes.
 """
 
@@ -27,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedagg.data import tff
 from fedagg.data.datasets import DatasetBundle, _not_found
 from fedagg.data.files import DataError, cache_folder, data_root
 from fedagg.data.image_folders import _save_atomically
@@ -41,19 +48,25 @@ FEMNIST_SIDE, FEMNIST_CLASSES = 28, 62
 CACHE_VERSION = 1
 
 
-def _how(name: str, folder: Path) -> str:
+def _how(name: str, folder: Path, root: str) -> str:
     return (f"run LEAF's data/{name}/preprocess.sh (github.com/TalwalkarLab/leaf, e.g. ./preprocess.sh -s niid "
             f"--sf 1.0 -k 0 -t sample) on a machine with network and copy its data/all_data/*.json into {folder}; "
-            "fedagg cannot download them (no processed copy is published)")
+            f"or {tff.how(name, root)}")
 
 
-def _json_files(name: str, root: str) -> tuple[Path, list[Path]]:
+def _files(name: str, root: str, download: bool) -> tuple[str, Path, list[Path]]:
+    """("leaf", folder, its JSON files) when LEAF's all_data holds any, else ("tff", folder, TFF's two h5 files),
+    fetched first when `download` is on; raises naming both when neither is there."""
     folder = data_root(root) / name / "all_data"
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    if not files:
-        raise _not_found(name, folder, ["*.json (LEAF's all_data files)"], _how(name, folder),
-                         "no *.json files" if folder.is_dir() else "no such folder")
-    return folder, files
+    if files:
+        return "leaf", folder, files
+    how = _how(name, folder, root)
+    h5 = tff.provide(name, root, download, how)
+    if h5 is not None:
+        return "tff", h5[0].parent, h5
+    raise _not_found(name, folder, ["*.json (LEAF's all_data files)"], how,
+                     "no *.json files" if folder.is_dir() else "no such folder")
 
 
 def _users(name: str, files: list[Path]):
@@ -136,10 +149,14 @@ def cached(name: str, files: list[Path], train_frac: float | None, decode, sourc
 def femnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False, train_frac: float = 0.9,
             download: bool = False,
             default_model: str | None = None) -> DatasetBundle:
-    """FEMNIST: EMNIST by writer, 62 classes, 1x28x28, from `root/femnist/all_data/*.json`. LEAF stores pixels
-    as floats in [0, 1] (white background near 1); they become round(255 v)."""
-    del download, default_model  # never downloaded: see the module's docstring
-    folder, files = _json_files("femnist", root)
+    """FEMNIST: EMNIST by writer, 62 classes, 1x28x28, from `root/femnist/all_data/*.json` or TFF's h5 files
+    (the module's docstring says which). LEAF and TFF store pixels as floats in [0, 1] (white background near 1);
+    they become round(255 v). `train_frac` applies to LEAF's files (TFF's come split)."""
+    del default_model  # the backbone fedagg.run trains when no model is chosen
+    kind, folder, files = _files("femnist", root, download)
+
+    def decode_tff() -> dict:
+        return stack(tff.femnist_parts(files, _pixels_to_uint8, FEMNIST_CLASSES))
 
     def decode() -> dict:
         per_user = []
@@ -149,12 +166,17 @@ def femnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: 
             if len(labels) != len(pixels) or (labels.size and not 0 <= labels.min() <= labels.max() < FEMNIST_CLASSES):
                 raise DataError(f"femnist: writer {user} in {folder} has {len(pixels)} images but labels "
                                 f"{labels.tolist()[:5]}...; LEAF's labels are 0..61, one per image")
-            per_user.append((np.rint(np.clip(pixels, 0, 1) * 255).astype(np.uint8), labels))
+            per_user.append((_pixels_to_uint8(pixels), labels))
         return _split("femnist", per_user, train_frac, in_order=False)
 
-    t = cached("femnist", files, train_frac, decode)
+    t = (cached("femnist", files, train_frac, decode) if kind == "leaf"
+         else cached("femnist", files, None, decode_tff, source="tff"))
     return DatasetBundle("femnist", t["train_x"], t["train_y"], t["test_x"], t["test_y"], FEMNIST_CLASSES, mean, std,
                          augment, train_owner=t["train_owner"], test_owner=t["test_owner"])
+
+
+def _pixels_to_uint8(pixels: np.ndarray) -> np.ndarray:
+    return np.rint(np.clip(pixels, 0, 1) * 255).astype(np.uint8)
 
 
 def encode(text: str) -> list[int]:
@@ -166,10 +188,15 @@ def encode(text: str) -> list[int]:
 def shakespeare(root: str, *, train_frac: float = 0.8, download: bool = False,
                 default_model: str | None = None) -> DatasetBundle:
     """Shakespeare: next-character prediction over LEAF's 80 characters, one client per speaking role, from
-    `root/shakespeare/all_data/*.json`. A sample is LEAF's 80-character x and its next character y, kept as
-    81 tokens: the model reads the first 80 and is scored at every position against the next one."""
-    del download, default_model  # default_model: the backbone fedagg.run trains when no model is chosen
-    folder, files = _json_files("shakespeare", root)
+    `root/shakespeare/all_data/*.json` or TFF's h5 files (the module's docstring says which; fedagg.data.tff how
+    TFF's snippets become LEAF's samples). A sample is LEAF's 80-character x and its next character y, kept as
+    81 tokens: the model reads the first 80 and is scored at every position against the next one. `train_frac`
+    applies to LEAF's files (TFF's come split)."""
+    del default_model  # the backbone fedagg.run trains when no model is chosen
+    kind, folder, files = _files("shakespeare", root, download)
+
+    def decode_tff() -> dict:
+        return stack(tff.shakespeare_parts(files, encode, VOCABULARY, SEQUENCE))
 
     def decode() -> dict:
         per_user, unknown = [], 0
@@ -185,6 +212,7 @@ def shakespeare(root: str, *, train_frac: float = 0.8, download: bool = False,
             log.warning("shakespeare: %d characters outside LEAF's vocabulary read as spaces", unknown)
         return _split("shakespeare", per_user, train_frac, in_order=True)
 
-    t = cached("shakespeare", files, train_frac, decode)
+    t = (cached("shakespeare", files, train_frac, decode) if kind == "leaf"
+         else cached("shakespeare", files, None, decode_tff, source="tff"))
     return DatasetBundle("shakespeare", t["train_x"], t["train_y"], t["test_x"], t["test_y"], len(VOCABULARY), (0.0,),
                          (1.0,), False, inputs="tokens", train_owner=t["train_owner"], test_owner=t["test_owner"])
