@@ -154,3 +154,18 @@ def test_without_h5py_the_error_is_one_line_before_any_download(tmp_path, monkey
 def test_pixels_round_to_the_nearest_of_256_levels():
     assert leaf._pixels_to_uint8(np.array([0.0, 0.5, 1 / 255 * 0.49, 1.2, -0.1], np.float32)).tolist() == [0, 128, 0,
                                                                                                            255, 0]
+
+
+@pytest.mark.slow
+def test_femnist_and_shakespeare_run_two_rounds_from_fetched_tff_files_in_both_engines(tmp_path, published):
+    from test_natural_runs import _two_rounds
+
+    write_shakespeare(tmp_path / "data" / "shakespeare" / "tff", {  # three roles, enough text for batches of 4
+        f"ROLE_{r}": ([f"Line {r} of the play, long enough to read.\nAnd a second one.\n"], [f"Its test {r}.\n"])
+        for r in range(3)})
+    root = f"data.root={tmp_path / 'data'}"
+    assert _two_rounds(tmp_path, "femnist", ["model=cnn_femnist", root, "num_clients=null", "data.download=true",
+                                             "client.batch_size=2"])["parallel"][1] == 2
+    assert (tmp_path / "data" / "femnist" / "tff" / FEMNIST_FILES[0]).is_file()  # fetched by the first run
+    assert _two_rounds(tmp_path, "shakespeare", ["model=lstm_shakespeare", root, "num_clients=null", "model.hidden=32",
+                                                 "client.batch_size=4"])["parallel"][1] == 3
