@@ -1,6 +1,8 @@
 """The upload channel (SPEC "Upload channel"): each compressor, error feedback, DP, bits, the accountant."""
 
+import csv
 import math
+import signal
 
 import numpy as np
 import pytest
@@ -12,6 +14,8 @@ from fedagg.attacks.base import Attack
 from fedagg.attacks.model import SignFlip
 from fedagg.channel import DP, QSGD, Channel, RandK, Sign, TopK
 from fedagg.channel.privacy import epsilon
+from fedagg.run import train
+from conftest import compose_config
 
 G = torch.Generator().manual_seed(0)
 
@@ -142,3 +146,45 @@ def test_a_composed_channel_runs_and_reports_bits_and_epsilon(tmp_path):
     with pytest.raises(ValueError, match=r"^channel=dp is not allowed with aggregator Krum"):
         run_experiment(["channel=dp", "aggregator=krum", "rounds=1"], tmp_path / "refused")
     assert not (tmp_path / "refused" / "metrics.csv").exists()
+
+
+def _rows(path):
+    with open(path) as f:
+        return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in csv.DictReader(f)]
+
+
+class StopInRound2(FedAvg):
+    """FedAvg; while `armed`, its process gets one Ctrl-C in round 2: the run stops after that round's checkpoint."""
+
+    armed = False
+
+    def server_update(self, inputs, update):
+        if inputs.round == 2 and StopInRound2.armed:
+            StopInRound2.armed = False
+            signal.raise_signal(signal.SIGINT)
+        return super().server_update(inputs, update)
+
+
+def test_error_feedback_resumes_exactly_from_a_checkpoint_with_its_rows_in_files(tmp_path, monkeypatch):
+    # a zero budget sends every client's e_k but the latest to files: the checkpoint refers to them by version
+    monkeypatch.setattr("fedagg.clients.store.MEMORY_BUDGET", 0)
+    overrides = ["rounds=4", "device=cpu", "checkpoint_every=1", "channel=topk", "channel.topk.ratio=0.05",
+                 f"aggregator._target_={__name__}.StopInRound2"]
+    reference = train(compose_config(*overrides), tmp_path / "reference")
+    run = tmp_path / "run"
+    StopInRound2.armed = True
+    try:
+        stopped = train(compose_config(*overrides), run)
+    finally:
+        StopInRound2.armed = False
+    assert stopped["status"] == "interrupted" and stopped["rounds_completed"] == 2
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    errors = ckpt["channel"]["errors"][0]
+    # every e_k but the most recently used sits in the run's folder; the checkpoint names its file
+    assert len(errors["files"]) >= 2 and len(errors["inline"]) == 1
+    assert (run / "client_state" / "channel_0_errors").is_dir()
+    resumed = train(compose_config(*overrides, "resume=true"), run)
+    assert resumed["status"] == "completed" and resumed["final_test_acc"] == reference["final_test_acc"]
+    assert _rows(run / "metrics.csv") == _rows(tmp_path / "reference" / "metrics.csv")
+    a, b = torch.load(run / "model.pt"), torch.load(tmp_path / "reference" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the same operations in the same order: bit for bit

@@ -20,6 +20,7 @@ from fedagg.data.seeding import generator
 
 if TYPE_CHECKING:
     from fedagg.aggregators.base import Aggregator
+    from fedagg.clients.store import ClientStore
     from fedagg.attacks.base import Attack
 
 
@@ -99,6 +100,10 @@ class Channel:
 
     def metrics(self) -> dict[str, float]:
         return {k: v for s in self.stages for k, v in s.metrics().items()}
+
+    def client_stores(self) -> dict[str, ClientStore]:
+        """Each error-feedback stage's memory by a folder name: the run loop attaches them to the run directory."""
+        return {f"channel_{n}_errors": m.rows for n, m in enumerate(self.errors) if m is not None}
 
     def state_dict(self) -> dict:
         return {"stages": [s.state_dict() for s in self.stages],
