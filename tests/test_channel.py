@@ -34,6 +34,17 @@ def test_topk_keeps_the_largest_magnitudes_and_breaks_ties_by_index():
     assert TopK(ratio=0.01).bits_up(4810) == 49 * (32 + 13)
 
 
+def test_topk_rounding_floor_keeps_floor_of_ratio_times_p_at_least_one():
+    u = torch.tensor([[3.0, -3.5, 1.0, 0.5, 0.25]])
+    floor = TopK(ratio=0.5, rounding="floor")  # 2.5 entries: 2 (ceil would keep 3)
+    assert torch.equal(floor.compress(u, G), torch.tensor([[3.0, -3.5, 0.0, 0.0, 0.0]]))
+    assert torch.equal(TopK(ratio=0.5).compress(u, G), torch.tensor([[3.0, -3.5, 1.0, 0.0, 0.0]]))
+    assert TopK(ratio=0.1, rounding="floor").bits_up(5) == 1 * (32 + 3)  # 0.5 entries: still one
+    assert TopK(ratio=1 / 64, rounding="floor").bits_up(4810) == 75 * (32 + 13)  # ceil: 76
+    with pytest.raises(ValueError, match=r"^channel\.topk\.rounding='round' is not allowed"):
+        TopK(rounding="round")
+
+
 def test_sign_is_the_scaled_sign():
     got = Sign().compress(torch.tensor([[1.0, -2.0, 3.0, 0.0]]), G)
     assert torch.equal(got, torch.tensor([[1.5, -1.5, 1.5, 0.0]]))  # ‖u‖₁ / P = 6 / 4

@@ -7,7 +7,7 @@ With `error_feedback: true` a client sends C(e_k + Δ_k) and keeps e_k ← u −
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
@@ -19,9 +19,10 @@ Ratio = Annotated[float, Range(gt=0, le=1, words="it must be in (0, 1]")]
 EF = Annotated[bool, Flag()]
 
 
-def kept(ratio: float, num_params: int) -> int:
-    """k = ⌈ρP⌉ (at least one entry)."""
-    return max(1, math.ceil(round(ratio * num_params, 9)))  # round: 0.01 * 300 is 3.0000000000000004
+def kept(ratio: float, num_params: int, rounding: str = "ceil") -> int:
+    """k = ⌈ρP⌉, or ⌊ρP⌋ with rounding="floor" (FedCAMS's reference code); at least one entry."""
+    k = round(ratio * num_params, 9)  # round: 0.01 * 300 is 3.0000000000000004
+    return max(1, math.floor(k) if rounding == "floor" else math.ceil(k))
 
 
 def index_bits(num_params: int) -> int:
@@ -30,20 +31,21 @@ def index_bits(num_params: int) -> int:
 
 
 class TopK(Stage):
-    """`channel=topk`: the ⌈ρP⌉ largest-magnitude entries of u; ties go to the lower index."""
+    """`channel=topk`: the ⌈ρP⌉ (or ⌊ρP⌋) largest-magnitude entries of u; ties go to the lower index."""
 
     @checked("channel.topk.")
-    def __init__(self, ratio: Ratio = 0.01, error_feedback: EF = True) -> None:
-        self.ratio, self.error_feedback = float(ratio), bool(error_feedback)
+    def __init__(self, ratio: Ratio = 0.01, error_feedback: EF = True,
+                 rounding: Literal["ceil", "floor"] = "ceil") -> None:
+        self.ratio, self.error_feedback, self.rounding = float(ratio), bool(error_feedback), rounding
 
     def compress(self, u: Tensor, g: torch.Generator) -> Tensor:
-        k = kept(self.ratio, u.shape[1])
+        k = kept(self.ratio, u.shape[1], self.rounding)
         # a stable sort of -|u| puts equal magnitudes in index order: ties are broken the same way everywhere
         keep = torch.sort(-u.abs(), dim=1, stable=True).indices[:, :k]
         return torch.zeros_like(u).scatter(1, keep, u.gather(1, keep))
 
     def bits_up(self, num_params: int) -> int:
-        return kept(self.ratio, num_params) * (32 + index_bits(num_params))
+        return kept(self.ratio, num_params, self.rounding) * (32 + index_bits(num_params))
 
 
 class RandK(Stage):
