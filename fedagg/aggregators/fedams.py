@@ -20,6 +20,8 @@ from fedagg.aggregators.base import AggregateResult, Weighting
 from fedagg.aggregators.fedopt import Beta, FedAdam, Rate
 from fedagg.aggregators.blocks import row_blocks
 from fedagg.aggregators.inputs import Bits, RoundInputs, dense
+from fedagg.channel.compress import Sign, TopK
+from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import Flag, Range, checked
 
 # eps > 0 is what keeps sqrt(v_hat) away from 0 when g is all zeros
@@ -78,16 +80,17 @@ class FedCAMS(FedAMS):
     ) -> None:
         super().__init__(weighting, lr, beta1, beta2, eps, bias_correction)
         self.compressor, self.ratio = compressor, float(ratio)
-        self.errors: dict[int, Tensor] = {}  # client id -> [P] error e_k, created the first time the id is seen
+        # the upload channel's compressors (one implementation); top-k rounds rho * P down, as the reference code
+        self.stage = Sign(error_feedback=False) if compressor == "sign" else TopK(ratio=ratio, error_feedback=False, rounding="floor")
+        self.errors = ClientStore()  # client id -> [P] error e_k (CPU), bounded in memory; absent: e_k = 0
 
     def compress(self, x: Tensor) -> Tensor:
-        """C applied to each row of x [K, P] on its own."""
-        if self.compressor == "sign":
-            # scaled sign: sign(x) * ||x||_1 / P keeps the row's mean magnitude
-            return torch.sign(x) * x.abs().sum(dim=1, keepdim=True) / x.shape[1]
-        k = self.kept(x.shape[1])  # at least one entry survives
-        keep = x.abs().topk(k, dim=1).indices
-        return torch.zeros_like(x).scatter(1, keep, x.gather(1, keep))
+        """C applied to each row of x [K, P] on its own (deterministic: the generator is unused)."""
+        return self.stage.compress(x, None)
+
+    def client_stores(self) -> dict[str, ClientStore]:
+        """Its per-client errors by a folder name: the run loop attaches them to the run directory."""
+        return {"fedcams_errors": self.errors}
 
     def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         global_params, client_params = inputs.global_params, inputs.client_params
@@ -101,7 +104,7 @@ class FedCAMS(FedAMS):
             sent = self.compress(corrected)  # c_k = C(Delta_k + e_k) (Alg. 2, client)
             residual = corrected - sent  # e_k <- Delta_k + e_k - c_k (Alg. 2, client)
             for i, e in zip(ids[rows], residual):
-                self.errors[i] = e.to("cpu", copy=True)  # on the host, own storage (a row view would keep it alive)
+                self.errors.put(i, e)  # on the host, own storage (a row view would keep it alive)
             norms.append(torch.linalg.vector_norm(residual, dim=1))
             part = weights[rows] @ sent
             update = part if update is None else update + part
@@ -109,21 +112,13 @@ class FedCAMS(FedAMS):
         return AggregateResult(self.server_update(inputs, update), weights)  # FedAMS on sum_k p_k c_k
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "errors": {i: e.clone() for i, e in self.errors.items()}}
+        return {**super().state_dict(), "errors": self.errors.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.errors = {int(i): e.clone() for i, e in state["errors"].items()}
-
-    def kept(self, num_params: int) -> int:
-        """Entries top-k sends: ratio * P rounded down, at least one."""
-        return max(1, int(self.ratio * num_params))
+        self.errors.load_state_dict(state["errors"])  # a checkpoint's {id: tensor} from before the store loads too
 
     def bits(self, num_params: int) -> Bits:
         """Down: the dense global model. Up, as SPEC's upload channel counts it: sign sends one bit per entry
         and the 32-bit scale; top-k sends each kept entry's 32-bit value and its index (ceil(log2 P) bits)."""
-        if self.compressor == "sign":
-            up = num_params + 32
-        else:
-            up = self.kept(num_params) * (32 + (num_params - 1).bit_length())  # bit_length: ceil(log2 P), exactly
-        return Bits(down=dense(num_params), up=up)
+        return Bits(down=dense(num_params), up=self.stage.bits_up(num_params))
