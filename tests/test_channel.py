@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from fedagg.aggregators.base import FedAvg
+from fedagg.aggregators.fedams import FedAMS, FedCAMS
+from fedagg.aggregators.inputs import RoundInputs
 from fedagg.aggregators.krum import Krum
 from fedagg.attacks.base import Attack
 from fedagg.attacks.model import SignFlip
@@ -157,6 +159,33 @@ def test_a_composed_channel_runs_and_reports_bits_and_epsilon(tmp_path):
     with pytest.raises(ValueError, match=r"^channel=dp is not allowed with aggregator Krum"):
         run_experiment(["channel=dp", "aggregator=krum", "rounds=1"], tmp_path / "refused")
     assert not (tmp_path / "refused" / "metrics.csv").exists()
+
+
+@pytest.mark.parametrize("options, stage", [
+    ({"compressor": "sign"}, lambda: Sign()),
+    ({"compressor": "topk", "ratio": 0.25}, lambda: TopK(ratio=0.25, rounding="floor")),  # 7.5 of 30: 7
+])
+def test_fedcams_is_fedams_after_the_channel_with_error_feedback(options, stage):
+    # rounds 1 and 2 with other clients (5 is new, 1 keeps its e_k), and uneven samples
+    rounds = [([0, 1, 2], [4, 2, 2]), ([5, 1], [1, 3])]
+    gen = torch.Generator().manual_seed(3)
+    w = w_fedcams = w_channel = torch.randn(30, generator=gen)
+    fedcams, fedams, channel = FedCAMS(**options), FedAMS(), Channel([stage()])
+    for r, (ids, samples) in enumerate(rounds, start=1):
+        deltas = torch.randn(len(ids), 30, generator=gen)
+        n, i = torch.tensor(samples), torch.tensor(ids)
+        w_fedcams = fedcams.aggregate(RoundInputs.of(w_fedcams, w_fedcams + deltas, num_samples=n, client_ids=i,
+                                                     round=r)).params
+        sent = one_round(channel, w_channel + deltas, ids, global_params=w_channel, r=r)
+        w_channel = fedams.aggregate(RoundInputs.of(w_channel, sent, num_samples=n, client_ids=i, round=r)).params
+        # w + c_k - w is c_k to rounding: the two paths agree far below a step of lr * m / sqrt(v_hat) ~ 0.1
+        torch.testing.assert_close(w_channel, w_fedcams, rtol=0, atol=1e-5)
+        assert not torch.allclose(w_fedcams, w, atol=1e-2)  # it moved
+        w = w_fedcams
+    assert set(fedcams.errors) == {0, 1, 2, 5}
+    for i in fedcams.errors:
+        torch.testing.assert_close(channel.errors[0].get(i, w), fedcams.errors[i], rtol=0, atol=1e-5)
+    assert fedcams.bits(4810).up == channel.bits_up(4810) and fedcams.bits(30).up == channel.bits_up(30)
 
 
 def _rows(path):

@@ -4,7 +4,10 @@ FedAMS (their Algorithm 1) is FedAdam with AMSGrad's max stabilization: the deno
 uses v_hat = max(v_hat, v, eps), which never shrinks, so the server step can only get
 more cautious, and eps (v_hat's start) bounds the step by lr * |m| / sqrt(eps).
 FedCAMS (their Algorithm 2) adds compressed uploads with error feedback: each client id
-keeps the part of its update the compressor dropped and adds it to its next update.
+keeps the part of its update the compressor dropped and adds it to its next update. Its
+compressors are the upload channel's, so it equals `aggregator=fedams channel=sign` (or
+topk with rounding=floor) to rounding; it compresses what a corrupted client sends after the
+attack, where the channel compresses before it.
 With `bias_correction: true` (the authors' code) m is divided by 1 - b1^r and v_hat by
 1 - b2^r in the step only; the max is taken over the uncorrected v, as in that code.
 """
