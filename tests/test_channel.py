@@ -205,11 +205,21 @@ class StopInRound2(FedAvg):
         return super().server_update(inputs, update)
 
 
-def test_error_feedback_resumes_exactly_from_a_checkpoint_with_its_rows_in_files(tmp_path, monkeypatch):
+class FedCAMSStopInRound2(StopInRound2, FedCAMS):
+    """FedCAMS, stopped the same way."""
+
+
+@pytest.mark.parametrize("overrides, errors_at, folder", [
+    (["channel=topk", "channel.topk.ratio=0.05", f"aggregator._target_={__name__}.StopInRound2"],
+     lambda ckpt: ckpt["channel"]["errors"][0], "channel_0_errors"),
+    pytest.param(["aggregator=fedcams", "aggregator.compressor=topk", f"aggregator._target_={__name__}.FedCAMSStopInRound2"],
+                 lambda ckpt: ckpt["aggregator"]["errors"], "fedcams_errors", marks=pytest.mark.slow),
+], ids=["channel_topk", "fedcams_topk"])
+def test_error_feedback_resumes_exactly_from_a_checkpoint_with_its_rows_in_files(tmp_path, monkeypatch, overrides,
+                                                                                errors_at, folder):
     # a zero budget sends every client's e_k but the latest to files: the checkpoint refers to them by version
     monkeypatch.setattr("fedagg.clients.store.MEMORY_BUDGET", 0)
-    overrides = ["rounds=4", "device=cpu", "checkpoint_every=1", "channel=topk", "channel.topk.ratio=0.05",
-                 f"aggregator._target_={__name__}.StopInRound2"]
+    overrides = ["rounds=4", "device=cpu", "checkpoint_every=1", *overrides]
     reference = train(compose_config(*overrides), tmp_path / "reference")
     run = tmp_path / "run"
     StopInRound2.armed = True
@@ -218,13 +228,23 @@ def test_error_feedback_resumes_exactly_from_a_checkpoint_with_its_rows_in_files
     finally:
         StopInRound2.armed = False
     assert stopped["status"] == "interrupted" and stopped["rounds_completed"] == 2
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
-    errors = ckpt["channel"]["errors"][0]
+    errors = errors_at(torch.load(run / "checkpoint.pt", weights_only=False))
     # every e_k but the most recently used sits in the run's folder; the checkpoint names its file
     assert len(errors["files"]) >= 2 and len(errors["inline"]) == 1
-    assert (run / "client_state" / "channel_0_errors").is_dir()
+    assert (run / "client_state" / folder).is_dir()
     resumed = train(compose_config(*overrides, "resume=true"), run)
     assert resumed["status"] == "completed" and resumed["final_test_acc"] == reference["final_test_acc"]
     assert _rows(run / "metrics.csv") == _rows(tmp_path / "reference" / "metrics.csv")
     a, b = torch.load(run / "model.pt"), torch.load(tmp_path / "reference" / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)  # the same operations in the same order: bit for bit
+
+
+def test_error_memories_load_checkpoints_written_before_the_store():
+    old = {3: torch.tensor([1.0, -2.0]), 8: torch.tensor([0.5, 0.0])}  # {client id: e_k}, as pickled before
+    channel = Channel([Sign()])
+    channel.load_state_dict({"stages": [{}], "errors": [old]})
+    assert torch.equal(channel.errors[0].get(3, torch.zeros(2)), torch.tensor([1.0, -2.0]))
+    assert torch.equal(channel.errors[0].get(4, torch.zeros(2)), torch.zeros(2))  # never seen: zeros
+    fedcams = FedCAMS()
+    fedcams.load_state_dict({**fedcams.state_dict(), "errors": old})
+    assert sorted(fedcams.errors) == [3, 8] and torch.equal(fedcams.errors[8], torch.tensor([0.5, 0.0]))
