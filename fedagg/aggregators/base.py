@@ -27,6 +27,7 @@ from torch import Tensor
 
 from fedagg.aggregators.blocks import weighted_update
 from fedagg.aggregators.inputs import Bits, ClientSetup, Needs, RoundInputs, dense
+from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import checked
 
 Weighting = Literal["samples", "uniform"]  # p = D, or 1/K
@@ -112,6 +113,11 @@ class Aggregator:
         """What `report` recorded since the last call (the loop calls this once per round)."""
         taken, self._reported = self._reported or {}, None
         return taken
+
+    def client_stores(self) -> dict[str, ClientStore]:
+        """Per-client state the server half keeps by client id (fedagg/clients/store.py), by name: the run
+        loop gives each a folder in the run directory. None by default."""
+        return {}
 
     def state_dict(self) -> dict:
         return {}

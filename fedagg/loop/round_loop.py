@@ -60,8 +60,7 @@ class RoundLoop:
         self.corrupted = set(fed.corrupted)
         self.bits = BitCounter(fed.aggregator, self.params.numel(), self.buffers.numel(), fed.channel)
         # an aggregator with per-client state (FedCAMS's errors) names its stores too; most have none
-        aggregator_stores = getattr(fed.aggregator, "client_stores", dict)()
-        stores = {**fed.trainer.client_stores(), **aggregator_stores, **fed.channel.client_stores()}
+        stores = {**fed.trainer.client_stores(), **fed.aggregator.client_stores(), **fed.channel.client_stores()}
         for name, store in stores.items():  # per-client state past its memory budget goes here
             store.attach(self.run_dir / "client_state" / name)
 
