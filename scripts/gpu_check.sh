@@ -15,6 +15,6 @@ for flags in "" "--precision bf16" "--channels-last" "--compile" "--tf32"; do
   "${PYTHON:-python3}" scripts/bench.py --device cuda --rounds 3 --data-root "${FEDAGG_DATA:-../shared/data}" $flags > "$out/${name//--/_}.txt" 2>&1
   echo "bench ${flags:-(fp32)}: done"; tail -n 12 "$out/${name//--/_}.txt"
 done
-# a sweep trained together: 64 jobs of MNIST cnn_small cross-device, stacked vs one after another (issue 27)
+# a sweep trained together: 64 jobs of MNIST cnn_small cross-device, stacked vs one after another
 PYTHON="${PYTHON:-python3}" FEDAGG_DATA="${FEDAGG_DATA:-../shared/data}" bash scripts/bench_stacked.sh gpu "$out/stacked"
 cat "$out/stacked/times.txt"

@@ -1,4 +1,4 @@
-"""How long a run takes to reach its first round, from the command line (issue 26: under 3 s at 1,000 and 3,597
+"""How long a run takes to reach its first round, from the command line (the aim: under 3 s at 1,000 and 3,597
 clients, a download excluded).
 
     OMP_NUM_THREADS=1 python scripts/startup_time.py [--repeat 3] [-- extra overrides]
