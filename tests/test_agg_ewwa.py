@@ -305,6 +305,7 @@ def test_reports_its_weight_quantiles_each_round():
     assert agg.take_diagnostics() == {} and p.shape == (2,)  # taken once per round
 
 
+@pytest.mark.slow  # ~15-20 s on 2 idle cores
 def test_elementwise_buffers_reach_a_batchnorm_models_statistics(tmp_path):
     from conftest import compose_config
     from fedagg.run import train

@@ -248,6 +248,7 @@ def test_launcher_configs_compose():
     assert slurm.hydra.launcher.timeout_min > 0 and "partition" in slurm.hydra.launcher
 
 
+@pytest.mark.slow  # ~15-20 s on 2 idle cores
 def test_two_job_sweep_through_the_joblib_launcher(tmp_path):
     """Jobs run in worker processes, so the task must survive pickling (see fedagg/run.py)."""
     cmd = [sys.executable, "-m", "fedagg.run", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",

@@ -66,6 +66,7 @@ def test_param_layout_slices_match_named_parameters():
     assert all(float(p.detach().abs().sum()) == 0 for p in model.parameters())
 
 
+@pytest.mark.slow  # ~15-20 s on 2 idle cores
 def test_batchnorm_statistics_are_aggregated_into_the_global_model(tmp_path):
     cfg = compose_config("model=resnet20", "rounds=1", "device=cpu", "client.local_epochs=1", "num_clients=3")
     assert train(cfg, tmp_path)["status"] == "completed"

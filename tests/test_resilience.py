@@ -218,6 +218,7 @@ class RecordsNumerics(Aggregator):
         return super().client_weights(inputs)
 
 
+@pytest.mark.slow  # ~15-20 s on 2 idle cores
 def test_numeric_switches_hold_for_the_run_and_are_put_back(tmp_path, monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")  # a user's value with which deterministic cuBLAS fails
     base = ["rounds=2", "device=cpu", "model=resnet20", "client.local_epochs=1",
@@ -233,6 +234,7 @@ def test_numeric_switches_hold_for_the_run_and_are_put_back(tmp_path, monkeypatc
     assert _rows(tmp_path / "a" / "metrics.csv") == _rows(tmp_path / "b" / "metrics.csv")  # the CPU is deterministic
 
 
+@pytest.mark.slow  # ~15-20 s on 2 idle cores
 def test_relaunched_sweep_with_resume_skips_completed_runs_and_finishes_the_rest(tmp_path):
     cmd = [sys.executable, "-m", "fedagg.run", "-m", "rounds=3", "device=cpu", "seed=0,1", f"hydra.sweep.dir={tmp_path}"]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)

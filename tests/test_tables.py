@@ -12,6 +12,7 @@ from conftest import ROOT
 
 
 from fedagg.results import plots as plot, table as make_table
+from fedagg.results.derived import LAST_K
 
 
 def write_paper(path: Path, header: list[str], rows: list[list]) -> Path:
@@ -141,7 +142,7 @@ def test_every_paper_csv_names_a_metric_its_table_can_show():
     for path in sorted((ROOT / "paper_results").glob("*.csv")):
         first = path.read_text().splitlines()[0]
         assert first.startswith("# metric: "), path.name
-        assert first.split()[2] in ("final_test_acc", "best_test_acc", "rounds_to_target"), path.name
+        assert first.split()[2] in ("final_test_acc", "best_test_acc", "rounds_to_target", LAST_K), path.name
 
 
 def test_make_table_shows_rounds_to_target_and_never_reached_as_na_with_best_accuracy(tmp_path, capsys):
