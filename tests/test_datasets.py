@@ -249,6 +249,7 @@ def test_a_damaged_digits_cache_is_written_again(private_cache, caplog):
     assert torch.equal(torch.load(private_cache / "digits-split-v1.pt")["test_y"], b.test_y)  # a good copy again
 
 
+@pytest.mark.slow  # a CLI sweep or several subprocess runs: ~8-10 s on 2 idle cores
 def test_a_data_error_on_the_command_line_is_one_line_exit_2(tmp_path):
     (tmp_path / "data").write_text("the user's file")
     proc = subprocess.run([sys.executable, "-m", "fedagg.run", "dataset=mnist", f"data.root={tmp_path / 'data'}",

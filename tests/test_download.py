@@ -122,6 +122,7 @@ datasets.cifar10(sys.argv[3], mean=[0.5] * 3, std=[0.25] * 3, verify_md5=False, 
 """
 
 
+@pytest.mark.slow  # a CLI sweep or several subprocess runs: ~8-10 s on 2 idle cores
 def test_two_runs_needing_the_same_dataset_download_it_once(tmp_path, server):
     server.delay = 0.5  # the first holds the lock long enough for the second to wait on it
     root = tmp_path / "data"

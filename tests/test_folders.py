@@ -160,6 +160,7 @@ def test_an_empty_run_dir_is_refused(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["run.log"]  # Hydra's log of that one line; no result file
 
 
+@pytest.mark.slow  # a CLI sweep or several subprocess runs: ~8-10 s on 2 idle cores
 def test_a_sweep_with_a_failed_job_says_so_and_exits_nonzero(tmp_path):
     targets = "fedagg.aggregators.base.FedAvg,test_resilience.Boom"
     proc = run_cli("-m", "rounds=1", "device=cpu", f"hydra.sweep.dir={tmp_path}", f"aggregator._target_={targets}",
@@ -266,6 +267,7 @@ def swept(tmp_path_factory):
     return sweep
 
 
+@pytest.mark.slow  # a CLI sweep or several subprocess runs: ~8-10 s on 2 idle cores
 def test_a_sweep_rerun_into_its_folder_refuses_every_job_and_says_they_failed(swept, tmp_path):
     sweep = tmp_path / "sweep"
     shutil.copytree(swept, sweep)
@@ -302,6 +304,7 @@ def test_a_sweep_resumed_with_other_values_counts_the_refused_job_as_failed(swep
                                              "hydra.run.dir")
 
 
+@pytest.mark.slow  # a CLI sweep or several subprocess runs: ~8-10 s on 2 idle cores
 def test_a_sweep_into_one_folder_refuses_the_second_job(tmp_path):
     proc = run_cli("-m", "rounds=1", "device=cpu", f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=same", "seed=0,1",
                    cwd=ROOT)
