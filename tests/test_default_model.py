@@ -39,6 +39,21 @@ def test_each_dataset_trains_its_papers_backbone_when_no_model_is_chosen(dataset
     instantiate(filled.dataset)  # the loader takes (and ignores) default_model: the node instantiates as it is
 
 
+def test_the_default_model_is_composed_once_per_process_and_handed_out_as_a_copy(monkeypatch):
+    from fedagg.edge import default_model
+
+    composed = []
+    real = default_model.compose
+    monkeypatch.setattr(default_model, "compose", lambda **kw: composed.append(kw) or real(**kw))
+    default_model._composed_model_node.cache_clear()
+    cfg = compose_config("dataset=digits")
+    first, _ = with_default_model(cfg, {"dataset": "digits"})
+    first.model.hidden = 7  # a run that changes its copy changes no other run's
+    second, _ = with_default_model(cfg, {"dataset": "digits"})
+    assert len(composed) == 1
+    assert OmegaConf.to_container(second.model) == OmegaConf.to_container(OmegaConf.load(CONF / "model" / "mlp.yaml"))
+
+
 def test_a_chosen_model_wins_and_a_dataset_without_a_default_is_one_line():
     cfg = compose_config("dataset=cifar100", "model=cnn")
     choices = {"dataset": "cifar100", "model": "cnn"}

@@ -315,3 +315,26 @@ def test_dirichlet_with_min_size_0_says_it_wanted_one_sample_per_client():
         "dirichlet split failed: in partition.max_retries=2 draws with partition.alpha=0.001 and num_clients=100, "
         "no draw gave every client one sample, as no client may be empty (partition.min_size=0) (the best smallest "
         "client had 0); raise partition.alpha, use fewer clients or raise partition.max_retries")
+
+
+def test_a_split_drawn_before_in_the_process_is_copied_not_drawn_again(tmp_path, monkeypatch):
+    from fedagg.data import partition_report as report
+
+    monkeypatch.setattr(report, "_first", {})
+    drawings = []
+    real_plot = report._plot
+    monkeypatch.setattr(report, "_plot", lambda stats, path: drawings.append(path.parent.name) or real_plot(stats, path))
+    one = partition_stats(LABELS, split("dirichlet", 6, alpha=0.5), 10)
+    other = partition_stats(LABELS, split("iid", 6), 10)
+
+    def save(stats, name):
+        save_partition_report(stats, tmp_path / name)
+        drawn(tmp_path / name / "partition.png")
+        return (tmp_path / name / "partition.png").read_bytes()
+
+    assert save(one, "a") == save(one, "b")  # the same split under another method: one drawing, copied
+    assert save(other, "c") != save(one, "a")
+    assert drawings == ["a", "c"]
+    assert save(other, "a") == save(other, "c")  # a's folder now holds the other split: copied from c
+    save(one, "d")  # the first picture of `one` no longer stands beside its split: drawn anew
+    assert drawings == ["a", "c", "d"] and (tmp_path / "d" / "partition.png").read_bytes() == save(one, "b")

@@ -6,14 +6,18 @@ Up to `_BARS_MAX` clients the picture has a bar per client; beyond that (FEMNIST
 3,597 writers) bars are thinner than a pixel and take seconds to draw, so it summarises
 them: a histogram of client sizes and a heatmap of each client's label shares. The
 picture is drawn in a background thread (importing matplotlib alone takes about a
-second), so training starts without waiting for it; `drawn()` waits for it.
+second), so training starts without waiting for it; `drawn()` waits for it. A sweep's
+jobs often split the data alike (the same seed and partition under other methods): a
+picture of a split drawn before in this process is copied rather than drawn again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import hashlib
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -25,6 +29,7 @@ _LEGEND_MAX = 20  # beyond this many classes a legend hides the bars it explains
 _BARS_MAX = 50  # clients drawn one bar each; more are summarised
 log = logging.getLogger(__name__)
 _drawing: dict[Path, threading.Thread] = {}  # partition.png being drawn -> its thread
+_first: dict[str, tuple[Path, threading.Thread]] = {}  # a split's digest -> its first picture and the thread drawing it
 
 
 def partition_stats(labels: Tensor, parts: list[Tensor], num_classes: int) -> dict:
@@ -50,8 +55,10 @@ def save_partition_report(stats: dict, run_dir: str | Path) -> None:
         return  # the same split: drawn once
     json_path.write_text(text)
     png.unlink(missing_ok=True)  # an earlier split's picture must not stand for this one
+    digest = hashlib.sha256(text.encode()).hexdigest()
     # not a daemon: the interpreter waits for the picture before it exits, however the run ends
-    thread = threading.Thread(target=_draw, args=(stats, png), name="partition.png")
+    thread = threading.Thread(target=_draw, args=(stats, png, text, _first.get(digest)), name="partition.png")
+    _first.setdefault(digest, (png, thread))
     _drawing[png] = thread
     thread.start()
 
@@ -64,10 +71,26 @@ def drawn(path: str | Path | None = None) -> None:
             _drawing.pop(png, None)
 
 
-def _draw(stats: dict, path: Path) -> None:
+def _same_split_drawn(text: str, drawn_before: tuple[Path, threading.Thread] | None) -> Path | None:
+    """The picture drawn before of the split `text`, while its folder still holds that split."""
+    if drawn_before is None:
+        return None
+    png, thread = drawn_before
+    thread.join()
+    try:
+        same = png.with_name("partition.json").read_text() == text and png.is_file()
+    except OSError:
+        return None
+    return png if same else None
+
+
+def _draw(stats: dict, path: Path, text: str = "", drawn_before: tuple[Path, threading.Thread] | None = None) -> None:
     tmp = path.with_name(path.name + ".tmp")
     try:
-        (_plot if stats["num_clients"] <= _BARS_MAX else _summary)(stats, tmp)
+        if (source := _same_split_drawn(text, drawn_before)) is not None:
+            shutil.copyfile(source, tmp)
+        else:  # never drawn, or that picture failed or was removed since
+            (_plot if stats["num_clients"] <= _BARS_MAX else _summary)(stats, tmp)
         os.replace(tmp, path)  # readers never see half a picture
     except Exception as err:  # noqa: BLE001 - a picture that fails must not fail the run it illustrates
         tmp.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ the user had typed `model=NAME`.
 from __future__ import annotations
 
 import copy
+import functools
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -24,9 +25,18 @@ KEY = "default_model"  # the key a dataset YAML names its backbone with
 
 
 def _model_node(name: str) -> DictConfig:
-    overrides = [f"model={name}"]
     # inside a Hydra app (the command line) its own config search path, user folders included
-    if GlobalHydra.instance().is_initialized():
+    hydra = GlobalHydra.instance()
+    search_path = str(hydra.hydra.config_loader.get_search_path()) if hydra.is_initialized() else None
+    return copy.deepcopy(_composed_model_node(name, search_path))
+
+
+@functools.lru_cache(maxsize=None)
+def _composed_model_node(name: str, search_path: str | None) -> DictConfig:
+    """Composed once per process and search path (a sweep's jobs share one): composing the whole config costs
+    a few tenths of a second each time."""
+    overrides = [f"model={name}"]
+    if search_path is not None:
         return compose(config_name="config", overrides=overrides).model
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=overrides).model
