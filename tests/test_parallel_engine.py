@@ -121,6 +121,52 @@ def test_batch_plan_serves_each_client_the_batches_it_draws_alone():
                                           for step in plan.groups[t:] for _, sel in step)
 
 
+def test_padded_batch_fills_a_partial_batch_with_the_clients_own_first_sample():
+    _, data, clients = _setup(MLP, 1, 8, [7, 13], False)
+    ordered = [clients[1], clients[0]]  # 13 samples: 3 steps of 6; 7 samples: 2 steps
+    plan = BatchPlan(ordered, data, batch_size=6, epochs=1, seed=2, round=1)
+    assert plan.active == [2, 2, 1]
+    x, y, real = plan.padded_batch(1)
+    assert real.tolist() == [6, 1] and x.shape[0] == y.shape[0] == 12
+    assert torch.equal(x[:6], plan.batch(1, 6, slice(0, 1))[0]) and torch.equal(x[6:7], plan.batch(1, 1, slice(1, 2))[0])
+    first = plan.batch(0, 6, slice(1, 2))[0][0]  # the second client's first sample of the round
+    assert all(torch.equal(row, first) for row in x[7:])
+    x, y, real = plan.padded_batch(2)
+    assert real.tolist() == [1] and torch.equal(x[:1], plan.batch(2, 1, slice(0, 1))[0])
+    assert all(torch.equal(row, plan.batch(0, 6, slice(0, 1))[0][0]) for row in x[1:])
+
+
+def test_stacked_task_losses_count_only_the_real_samples():
+    g = torch.Generator().manual_seed(0)
+    logits, y = torch.randn(2, 3, 4, generator=g), torch.randint(0, 4, (2, 3), generator=g)
+    logits[1, 1:] = 1e30  # the filling: whatever it holds, it must not count
+    got = LocalSGD().stacked_task_losses(logits, y, torch.tensor([3, 1]))
+    want = torch.stack([torch.nn.functional.cross_entropy(logits[0], y[0]),
+                        torch.nn.functional.cross_entropy(logits[1, :1], y[1, :1])])
+    assert torch.allclose(got, want, rtol=1e-6)
+    # one prediction per position: the mean over the real samples' positions
+    logits, y = torch.randn(2, 3, 5, 4, generator=g), torch.randint(0, 4, (2, 3, 5), generator=g)
+    got = LocalSGD().stacked_task_losses(logits, y, torch.tensor([2, 3]))
+    want = [torch.nn.functional.cross_entropy(logits[k, :n].reshape(-1, 4), y[k, :n].reshape(-1)) for k, n in ((0, 2), (1, 3))]
+    assert torch.allclose(got, torch.stack(want), rtol=1e-6)
+    assert torch.allclose(LocalSGD().stacked_task_losses(logits, y), torch.stack(
+        [torch.nn.functional.cross_entropy(logits[k].reshape(-1, 4), y[k].reshape(-1)) for k in (0, 1)]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("model_cls,channels,size,calls", [
+    (MLP, 1, 8, 5),  # no BatchNorm: one call a step, partial batches filled up (the largest client's 5 steps)
+    (ResNet20, 3, 8, 7),  # BatchNorm: a call per batch size a step (last batches of 1, 1 and 2 samples apart)
+])
+def test_a_step_is_one_call_unless_batchnorm_couples_the_batch(model_cls, channels, size, calls, monkeypatch):
+    model, data, clients = _setup(model_cls, channels, size, [7, 26, 13], False)
+    engine, seen = ParallelEngine(), []
+    real_step = ParallelEngine._step
+    monkeypatch.setattr(ParallelEngine, "_step", lambda self, *a: seen.append(a[2]) or real_step(self, *a))
+    engine.train_round(RoundJob(model, LocalSGD(lr=0.05, batch_size=6, local_epochs=1), data, clients, get_params(model),
+                                get_buffers(model), lr=0.05, seed=0, round=1))
+    assert len(seen) == calls and set(seen) == ({6} if model_cls is MLP else {6, 1, 2})
+
+
 def test_chunking_and_channels_last_leave_results_unchanged():
     model, data, clients = _setup(CNNSmall, 1, 28, [9, 21, 14], True)
     trainer = dict(lr=0.05, momentum=0.5, batch_size=8)

@@ -7,6 +7,9 @@ clients train with it or on the engine. Step t is served as one gather per group
 clients whose batch has the same size: clients are ordered by their number of steps (most first), so the
 clients still training at step t are a prefix, those with a full batch are usually all of
 it, and a client's partial last batch (of n samples) comes in a group of its own size n.
+A model whose samples do not interact within a batch (no BatchNorm) can instead take the
+whole prefix in one call (`padded_batch`): a partial batch filled up with a real sample of
+the client's own, which its loss then weighs zero.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class BatchPlan:
         valid = (local < n_k) & (t < torch.tensor(self.steps).view(1, -1, 1))
         self.pos = torch.where(valid, offset_k + (t // batches_k) * n_k + local, offset_k).to(data.device)
         counts = valid.sum(2)  # [T, K]: samples in each client's batch (0 once it is done)
+        self.counts = counts.to(data.device)
+        self.active: list[int] = (counts > 0).sum(1).tolist()  # [T]: clients still training at step t (a prefix)
         self.seen: list[int] = counts.sum(0).tolist()  # samples each client trains on this round
         self.groups: list[list[tuple[int, Selection]]] = [self._group(row) for row in counts.tolist()]
 
@@ -80,7 +85,17 @@ class BatchPlan:
         """Inputs [g * n, ...] and labels [g * n] of step t for a group of g clients whose batches hold n samples,
         client after client, as `data.prepare` returns them (a view to [g, n, ...] can change the strides of a
         size-1 channel axis, and with them which convolution kernel runs)."""
-        flat = self.pos[t, clients, :n].reshape(-1)
+        return self._gather(self.pos[t, clients, :n].reshape(-1))
+
+    def padded_batch(self, t: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Inputs [m * B, ...], labels [m * B] and real samples [m] of step t for the m clients still training:
+        each client's batch filled up to B samples with its first sample of the round (real data, so the
+        forward stays finite; the loss weighs it zero)."""
+        m = self.active[t]
+        x, y = self._gather(self.pos[t, :m].reshape(-1))
+        return x, y, self.counts[t, :m]
+
+    def _gather(self, flat: Tensor) -> tuple[Tensor, Tensor]:
         idx = self.order[flat]
         x = self.data.train_images(idx)
         if self.crops is not None:

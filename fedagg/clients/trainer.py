@@ -130,6 +130,21 @@ class LocalSGD:
         extra = self.objective.penalty(params, anchor, state)
         return (task if extra is None else task + extra), task.detach()
 
+    def stacked_task_losses(self, logits: Tensor, y: Tensor, real: Tensor | None = None) -> Tensor:
+        """`loss`'s task term for g clients at once, [g]: logits [g, n, (T,) C] against labels [g, n, (T,)]. With
+        `real` [g], only the first real[k] samples of client k's batch count (the rest fill it up to n)."""
+        g, n = y.shape[:2]
+        per = F.cross_entropy(logits.float().flatten(0, -2), y.flatten(), reduction="none").view(g, n, -1)
+        if real is None:
+            return per.flatten(1).mean(1)
+        keep = torch.arange(n, device=y.device).view(1, n, 1) < real.view(g, 1, 1)
+        return torch.where(keep, per, 0).flatten(1).sum(1) / (real * per.shape[2])
+
+    def penalty(self, params: list[Tensor], anchor: list[Tensor], state: list[Tensor] | None) -> Tensor:
+        """`loss`'s objective term for one client (0 without one)."""
+        extra = self.objective.penalty(params, anchor, state)
+        return params[0].new_zeros(()) if extra is None else extra
+
     def objective_state(self, clients: list[ClientData], global_params: Tensor,
                         shapes: list[torch.Size]) -> list[Tensor] | None:
         """The objective's per-client state as one [k, ...] tensor per parameter (None when it keeps none)."""

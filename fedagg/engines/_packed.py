@@ -106,9 +106,16 @@ def _linear_packed(k, in_dims, x, w, b):
     x = _front(x, in_dims[0], k)
     lead = x.shape[1:-1]
     x = x.reshape(k, -1, x.shape[-1])
-    w = _front(w, in_dims[1], k).transpose(1, 2)
-    out = torch.bmm(x, w) if b is None else torch.baddbmm(_front(b, in_dims[2], k).unsqueeze(1), x, w)
-    return out.view(k, *lead, out.shape[-1]), 0
+    w = _front(w, in_dims[1], k)
+    b = None if b is None else _front(b, in_dims[2], k).unsqueeze(1)
+    if k == 1:  # a batched matmul of one runs another kernel (plain mm) that rounds differently on some shapes:
+        # computed as one of two (the copy detached, same layouts), a client's result does not depend on who
+        # shares its call
+        x, w = torch.cat([x, x.detach()]), torch.cat([w, w.detach()])
+        b = None if b is None else torch.cat([b, b.detach()])
+    w = w.transpose(1, 2)
+    out = torch.bmm(x, w) if b is None else torch.baddbmm(b, x, w)
+    return out[:k].view(k, *lead, out.shape[-1]), 0
 
 
 _Linear = _op("PackedLinear", lambda x, w, b: F.linear(x, w, b), _linear_packed)

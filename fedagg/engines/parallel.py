@@ -128,10 +128,13 @@ class ParallelEngine(Engine):
         self._pshapes = [p.shape for p in model.parameters()]
         self._btemplates = [b for b in model.buffers()]
         # with and without per-client objective state
-        self._train_fns = [vmap(self._client_loss, in_dims=(0, 0, 0, 0, None, d)) for d in (None, 0)]
+        self._train_fns = [vmap(self._client_forward, in_dims=(0, 0, 0, None, d)) for d in (None, 0)]
         # several runs' clients in one call: each with its own run's global model as anchor
-        self._stacked_fns = [vmap(self._client_loss, in_dims=(0, 0, 0, 0, 0, d)) for d in (None, 0)]
+        self._stacked_fns = [vmap(self._client_forward, in_dims=(0, 0, 0, 0, d)) for d in (None, 0)]
         self._eval_fn = vmap(self._client_logits, in_dims=(0, 0, 0))
+        # a batch's samples interact only through BatchNorm's statistics: without it, partial batches are filled up
+        # to full ones and a step's clients train in one call (the loss weighs the filling zero)
+        self._pad = not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
         # compiled for full batches; the few partial ones run eagerly rather than compile their shapes
         self._compiled = [torch.compile(f) for f in self._train_fns] if self.compile else None
         if self.compile:
@@ -146,9 +149,11 @@ class ParallelEngine(Engine):
         tensors = (dict(zip(self._pnames, params)), dict(zip(self._bnames, buffers)))
         return functional_call(self._packed, tensors, (x,))
 
-    def _client_loss(self, params, buffers, x, y, anchor, state):
-        """One client's (objective, task loss) on its batch: the trainer's loss under vmap."""
-        return self._trainer.loss(self._client_logits(params, buffers, x), y, list(params), anchor, state)
+    def _client_forward(self, params, buffers, x, anchor, state):
+        """One client's (logits, objective term) on its batch; the task loss is taken outside vmap, for all the
+        step's clients at once (`LocalSGD.stacked_task_losses`: under vmap cross-entropy decomposes into many
+        small operations)."""
+        return self._client_logits(params, buffers, x), self._trainer.penalty(list(params), anchor, state)
 
     def _stacked_buffers(self, flat: Tensor, k: int) -> list[Tensor]:
         """k copies of every buffer; like fedagg.models.flat.set_buffers, integer buffers come back rounded."""
@@ -221,7 +226,13 @@ class ParallelEngine(Engine):
             # one vmapped forward and backward per batch size and loss shared by the runs' clients at step t
             calls: dict[tuple, list[tuple[_Part, int, object]]] = {}
             for part in parts:
-                for n, sel in (part.plan.groups[t] if t < len(part.plan) else []):
+                if t >= len(part.plan):
+                    continue
+                if self._pad:  # the clients still training: a prefix of the part's, all on batches of B
+                    steps = [(part.plan.batch_size, slice(0, part.plan.active[t]))]
+                else:
+                    steps = part.plan.groups[t]
+                for n, sel in steps:
                     calls.setdefault((n, part.loss_key), []).append((part, n, sel))
             for (n, _), group in sorted(calls.items(), key=lambda item: -item[0][0]):
                 self._step(group, t, n, device)
@@ -231,9 +242,11 @@ class ParallelEngine(Engine):
     def _step(self, group: list[tuple[_Part, int, object]], t: int, n: int, device: torch.device) -> None:
         """One local step of the clients in `group` (parts with batches of n samples, one loss)."""
         single = len(group) == 1
-        batches = [part.plan.batch(t, n, sel) for part, _, sel in group]
-        x = batches[0][0] if single else torch.cat([b[0] for b in batches])
-        y = batches[0][1] if single else torch.cat([b[1] for b in batches])
+        if self._pad:  # (x, y, real samples per client)
+            batches = [part.plan.padded_batch(t) for part, _, _ in group]
+        else:
+            batches = [(*part.plan.batch(t, n, sel), None) for part, _, sel in group]
+        x, y, real = batches[0] if single else [None if b[0] is None else torch.cat(b) for b in zip(*batches)]
         x, y = x.view(-1, n, *x.shape[1:]), y.view(-1, n, *y.shape[1:])  # [g, n, ...]: one batch per client
         if single:
             part, _, sel = group[0]
@@ -253,8 +266,10 @@ class ParallelEngine(Engine):
         if not single:
             fns = self._stacked_fns
         with self._autocast(device):
-            total, task = fns[state is not None](leaves, buffers, x, y, anchor, state)
-        grads = torch.autograd.grad(total.sum(), leaves)
+            logits, extra = fns[state is not None](leaves, buffers, x, anchor, state)
+        task = self._trainer.stacked_task_losses(logits, y, real)
+        grads = torch.autograd.grad((task + extra).sum(), leaves)
+        seen = task.detach() * (n if real is None else real)  # each client's loss x its real samples
         sizes = [_count(sel, len(part.clients)) for part, _, sel in group]
         for i, (part, _, sel) in enumerate(group):
             lo, hi = sum(sizes[:i]), sum(sizes[:i + 1])
@@ -262,7 +277,7 @@ class ParallelEngine(Engine):
             if not single or not isinstance(sel, slice):  # a gathered group: write its statistics back
                 for b, new in zip(part.Bf, buffers):
                     b[sel] = new[lo:hi] if not single else new
-            part.loss_sum[sel] += task[lo:hi] * n if not single else task * n
+            part.loss_sum[sel] += seen[lo:hi] if not single else seen
 
     @torch.no_grad()
     def _accuracy(self, P: list[Tensor], Bf: list[Tensor], val_idx: list[Tensor], data) -> Tensor:
