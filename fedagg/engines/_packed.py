@@ -3,11 +3,13 @@
 vmap runs a model on K clients' stacked weights, but its generic rules for convolutions,
 pooling and BatchNorm move the client axis back and forth between layers and compute
 per-client gradients slowly. `pack(model)` returns a copy (sharing the original's tensors)
-whose Conv2d, Linear, BatchNorm and pooling layers carry their own batching rule: the K
-clients become K groups of one grouped convolution, K*C channels of one BatchNorm or
-pooling call and one batched matmul, with activations kept as [B, K, C, H, W] from layer
-to layer. Outside vmap each layer computes exactly what the original does. On the CPU with
-large batches a convolution runs once per client instead (the grouped kernel is the slower one there).
+whose Conv2d, BatchNorm and pooling layers carry their own batching rule: the K clients
+become K groups of one grouped convolution, K*C channels of one BatchNorm or pooling call,
+with activations kept as [B, K, C, H, W] from layer to layer. Outside vmap each layer
+computes exactly what the original does. On the CPU with large batches a convolution runs
+once per client instead (the grouped kernel is the slower one there). Linear layers keep
+vmap's own rule: one batched matmul, dispatched in C++ (a rule of our own, in Python, cost
+about 2 ms a layer a call on the CPU, several times the matmul of a small model).
 
 The parallel engine differentiates with ordinary autograd around the vmapped forward
 (grad of vmap), so the backward pass runs these plain grouped kernels, not vmap rules.
@@ -102,23 +104,6 @@ def _conv_packed(k, in_dims, x, w, b, stride, padding, dilation, groups, channel
 _Conv2d = _op("PackedConv2d", lambda x, w, b, s, p, d, g, cl: F.conv2d(x, w, b, s, p, d, g), _conv_packed)
 
 
-def _linear_packed(k, in_dims, x, w, b):
-    x = _front(x, in_dims[0], k)
-    lead = x.shape[1:-1]
-    x = x.reshape(k, -1, x.shape[-1])
-    w = _front(w, in_dims[1], k)
-    b = None if b is None else _front(b, in_dims[2], k).unsqueeze(1)
-    if k == 1:  # a batched matmul of one runs another kernel (plain mm) that rounds differently on some shapes:
-        # computed as one of two (the copy detached, same layouts), a client's result does not depend on who
-        # shares its call
-        x, w = torch.cat([x, x.detach()]), torch.cat([w, w.detach()])
-        b = None if b is None else torch.cat([b, b.detach()])
-    w = w.transpose(1, 2)
-    out = torch.bmm(x, w) if b is None else torch.baddbmm(b, x, w)
-    return out[:k].view(k, *lead, out.shape[-1]), 0
-
-
-_Linear = _op("PackedLinear", lambda x, w, b: F.linear(x, w, b), _linear_packed)
 
 
 def _pool_packed(k, in_dims, x, fn, kwargs):
@@ -164,11 +149,6 @@ class _PackedConv2d(nn.Conv2d):
                              self._pack_ctx.channels_last)
 
 
-class _PackedLinear(nn.Linear):
-    def forward(self, x):
-        return _Linear.apply(x, self.weight, self.bias) if is_batchedtensor(x) else super().forward(x)
-
-
 class _PackedBatchNorm(nn.modules.batchnorm._BatchNorm):
     def forward(self, x):
         if not is_batchedtensor(x):
@@ -191,7 +171,6 @@ def _pool_module(base: type[nn.Module], fn, keys: tuple[str, ...]) -> type[nn.Mo
 
 _SWAPS: dict[type, type] = {
     nn.Conv2d: _PackedConv2d,
-    nn.Linear: _PackedLinear,
     nn.BatchNorm1d: type("_PackedBatchNorm1d", (_PackedBatchNorm, nn.BatchNorm1d), {}),
     nn.BatchNorm2d: type("_PackedBatchNorm2d", (_PackedBatchNorm, nn.BatchNorm2d), {}),
     nn.MaxPool2d: _pool_module(nn.MaxPool2d, F.max_pool2d,

@@ -49,6 +49,11 @@ def loss_key(trainer: LocalSGD) -> tuple:
     return type(objective).__qualname__, type(objective).__module__, tuple(settings)
 
 
+def _twice(t: Tensor) -> Tensor:
+    """[1, ...] -> [2, ...]: the row beside a detached copy of itself (gradients reach only the first)."""
+    return torch.cat([t, t.detach()])
+
+
 class _Part:
     """One run's clients in a chunk (most steps first), its SGD on its block of the stacked tensors, and what
     its training gives back."""
@@ -265,12 +270,26 @@ class ParallelEngine(Engine):
         fns = self._compiled if self._compiled is not None and n == group[0][0].plan.batch_size else self._train_fns
         if not single:
             fns = self._stacked_fns
-        with self._autocast(device):
-            logits, extra = fns[state is not None](leaves, buffers, x, anchor, state)
-        task = self._trainer.stacked_task_losses(logits, y, real)
-        grads = torch.autograd.grad((task + extra).sum(), leaves)
-        seen = task.detach() * (n if real is None else real)  # each client's loss x its real samples
         sizes = [_count(sel, len(part.clients)) for part, _, sel in group]
+        k = sum(sizes)
+        params, stats = leaves, buffers
+        if k == 1:  # batched kernels of one client run other code (a matmul of one: plain mm) that rounds
+            # differently: computed as one of two (beside a detached copy), a client's arithmetic never depends on
+            # whether others share its call
+            params, stats, x, y = [_twice(p) for p in leaves], [_twice(b) for b in buffers], _twice(x), _twice(y)
+            real = None if real is None else _twice(real)
+            state = None if state is None else [_twice(s) for s in state]
+            anchor = anchor if single else [_twice(a) for a in anchor]
+        with self._autocast(device):
+            logits, extra = fns[state is not None](params, stats, x, anchor, state)
+        task = self._trainer.stacked_task_losses(logits, y, real)
+        grads = torch.autograd.grad((task + extra)[:k].sum(), leaves)
+        task = task[:k]
+        if k == 1:
+            real = None if real is None else real[:1]
+            for b, doubled in zip(buffers, stats):  # BatchNorm updated the doubled copy; the client's is its first
+                b.copy_(doubled[:1])
+        seen = task.detach() * (n if real is None else real)  # each client's loss x its real samples
         for i, (part, _, sel) in enumerate(group):
             lo, hi = sum(sizes[:i]), sum(sizes[:i + 1])
             part.sgd.step([g[lo:hi] for g in grads] if not single else list(grads), sel)
