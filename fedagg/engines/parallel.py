@@ -4,9 +4,15 @@ Clients are ordered by their number of local steps and cut into chunks of at mos
 `chunk_size`; a chunk's parameters, buffers and momentum live as [K, ...] tensors, and
 every local step is one vmapped forward of the packed model (engines/_packed.py) over
 the clients still training, one ordinary backward, and one step of the trainer's SGD.
+A client's partial last batch is filled up with its own first sample and weighed zero in
+its loss, so a step is one call whatever the batch sizes (not for BatchNorm, whose batch
+statistics the filling would change: there a step is one call per batch size).
 Batches, loss and optimizer arithmetic are the trainer's (fedagg.clients.trainer), the
 same the sequential engine runs one client at a time, so for the same seed this engine
 reproduces `SequentialEngine` to float tolerance: the reference it is tested against.
+A client's arithmetic does not depend on which clients share its call, so the runs of a
+stacked sweep (fedagg/stacking) get what each gets alone, bit for bit where the kernels
+allow (linear layers; convolutions per client on the CPU's large batches).
 """
 
 from __future__ import annotations

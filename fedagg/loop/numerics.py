@@ -34,7 +34,8 @@ def numerics(deterministic: bool, tf32: bool):
         yield
     finally:
         was_deterministic, benchmark, matmul_tf32, cudnn_tf32, cublas = saved
-        torch.use_deterministic_algorithms(was_deterministic)
+        if torch.are_deterministic_algorithms_enabled() != was_deterministic:  # the call imports torch's compiler
+            torch.use_deterministic_algorithms(was_deterministic)                # stack: ~3 s, at every run's end
         torch.backends.cudnn.benchmark = benchmark
         torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
         torch.backends.cudnn.allow_tf32 = cudnn_tf32

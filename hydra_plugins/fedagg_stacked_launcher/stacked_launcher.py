@@ -22,11 +22,9 @@ import logging.config
 import os
 import signal
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
@@ -36,14 +34,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 log = logging.getLogger("fedagg")
 
 
-@dataclass
-class StackedLauncherConf:
-    _target_: str = "hydra_plugins.fedagg_stacked_launcher.stacked_launcher.StackedLauncher"
-    max_group: int = 64  # most jobs trained together; the engine's chunks bound the clients in memory at once
-
-
-ConfigStore.instance().store(group="hydra/launcher", name="stacked", node=StackedLauncherConf, provider="fedagg")
-
+# Its config is conf/hydra/launcher/stacked.yaml alone: a ConfigStore node of the same name made Hydra warn, four
+# times a run, that it validates the file against it.
 PARALLEL, AUTO = "fedagg.engines.parallel.ParallelEngine", "fedagg.engines.auto.auto_engine"
 
 
