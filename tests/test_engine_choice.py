@@ -66,9 +66,16 @@ def test_chunk_for_divides_the_devices_share_by_one_clients_cost():
     assert memory.chunk_for(gib, 2 * gib, 10, 50_000, 200, 10) == 1  # nothing left: one at a time
 
 
-def test_auto_is_64_on_the_cpu_and_resolves_at_the_first_round():
+def test_auto_on_the_cpu_fits_small_models_in_few_calls_and_resolves_at_the_first_round():
     model = MLP(num_classes=10, in_channels=1, image_size=8)
-    assert memory.auto_chunk_size(model, torch.zeros(1, 8, 8), 32, 500, 0) == memory.CPU_CHUNK == 64
+    # 4,810 parameters; 64 + 64 + 64 + 10 floats out of Flatten, Linear, ReLU, Linear a sample: 4 * (5 * 4810 +
+    # 3 * 32 * 202) = 173,768 bytes a client, 1,544 in 256 MiB: capped at 1,024
+    assert memory.cpu_chunk(4810, 202, 32) == memory.MAX_CHUNK == 1024
+    assert memory.auto_chunk_size(model, torch.zeros(1, 8, 8), 32, 500, 0) == 1024
+    assert memory.cpu_chunk(4810, 202, 512) == 200  # batches of 512: 1,337,288 bytes a client
+    assert memory.cpu_chunk(4810, 202, 2048) == 64  # 53 would fit: never fewer than CPU_CHUNK
+    cnn = CNNSmall(num_classes=10, in_channels=1, image_size=28)  # activations fill caches: the floor of 64
+    assert memory.auto_chunk_size(cnn, torch.zeros(1, 28, 28), 32, 500, 0) == memory.CPU_CHUNK == 64
     from test_parallel_engine import _setup
     from fedagg.clients.trainer import LocalSGD
     from fedagg.engines.base import RoundJob
@@ -79,4 +86,4 @@ def test_auto_is_64_on_the_cpu_and_resolves_at_the_first_round():
     assert engine.chunk_size == "auto" and engine.clients_in_memory == 64
     engine.train_round(RoundJob(model, LocalSGD(lr=0.1, batch_size=4), data, clients, get_params(model),
                                 get_buffers(model), lr=0.1, seed=0, round=1))
-    assert engine.chunk_size == 64  # an int from the first round on
+    assert engine.chunk_size == 1024  # an int from the first round on

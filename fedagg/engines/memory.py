@@ -10,7 +10,11 @@ the data the run keeps on it and the round's [K, P] of trained models. It uses t
 device's total memory, not what happens to be free, so a resumed run picks the same chunks
 (and so the same kernels) as the run it continues.
 
-On the CPU chunks are about caches and threads, not memory: `auto` is 64 there.
+On the CPU a chunk is about calls rather than memory: every local step of a chunk is one
+call, which costs a few milliseconds of Python and dispatch whatever its size, so a small
+model (an MLP, a logistic regression) takes as many clients at once as `CPU_BUDGET` of their
+state and activations holds (the 240 clients of 24 stacked digits runs in one chunk); a
+convolutional model, whose activations fill caches, keeps `CPU_CHUNK`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-CPU_CHUNK = 64
+CPU_CHUNK = 64  # the fewest clients a chunk holds on the CPU
+CPU_BUDGET = 256 << 20  # bytes of the clients' state and activations a CPU chunk may hold beyond CPU_CHUNK's
 MAX_CHUNK = 1024  # beyond this, a chunk serves no GPU better and only delays the first step's error
 GPU_SHARE = 0.8  # of the device's memory; the rest for the allocator's fragmentation and the CUDA context
 STATE_COPIES = 5  # per client: weights, gradient, momentum, anchor, one round's result row
@@ -57,11 +62,16 @@ def auto_chunk_size(model: nn.Module, sample: torch.Tensor, batch_size: int, num
     """Clients per chunk for `model` trained on batches of `batch_size` like `sample`, when `num_clients`
     train this round and the run keeps `resident_bytes` of data on the device."""
     device = sample.device
-    if device.type != "cuda":
-        return CPU_CHUNK
-    total = torch.cuda.get_device_properties(device).total_memory
     num_params = sum(p.numel() for p in model.parameters())
+    if device.type != "cuda":
+        return cpu_chunk(num_params, activation_floats(model, sample), batch_size)
+    total = torch.cuda.get_device_properties(device).total_memory
     return chunk_for(total, resident_bytes, num_clients, num_params, activation_floats(model, sample), batch_size)
+
+
+def cpu_chunk(num_params: int, activations: int, batch_size: int) -> int:
+    """Clients per chunk on the CPU: what CPU_BUDGET holds, between CPU_CHUNK and MAX_CHUNK."""
+    return int(min(MAX_CHUNK, max(CPU_CHUNK, CPU_BUDGET // client_bytes(num_params, activations, batch_size))))
 
 
 def chunk_for(total_bytes: int, resident_bytes: int, num_clients: int, num_params: int, activations: int,
