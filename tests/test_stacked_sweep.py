@@ -108,6 +108,19 @@ def test_a_failing_and_a_diverging_job_leave_the_others_completed(tmp_path):
     assert statuses == ["completed", "completed", "failed", "failed", "diverged", "diverged"]
 
 
+@pytest.mark.slow
+def test_each_job_of_a_stacked_group_gets_its_own_wandb_run(tmp_path):
+    cmd = [sys.executable, "-m", "fedagg.run", "-m", "engine=parallel", "rounds=2", "device=cpu", "seed=0,1",
+           "logger=wandb", "logger.mode=offline", "hydra/launcher=stacked", f"hydra.sweep.dir={tmp_path}"]
+    done = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_SILENT="true"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = [list((tmp_path / str(j) / "wandb").glob("offline-run-*")) for j in range(2)]
+    assert [len(r) for r in runs] == [1, 1]  # one run each, in its own job's folder
+    assert all(list(r[0].glob("run-*.wandb")) for r in runs)  # the files `wandb sync` uploads
+    assert runs[0][0].name.rpartition("-")[2] != runs[1][0].name.rpartition("-")[2]  # two run ids
+
+
 def _composed(*overrides):
     from hydra import compose, initialize_config_dir
 
