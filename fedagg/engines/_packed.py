@@ -87,8 +87,10 @@ def _conv_packed(k, in_dims, x, w, b, stride, padding, dilation, groups, channel
         # 1.3-2x slower than one ordinary convolution per client, forward and backward (LeNet's 12-channel layers:
         # what made engine=parallel slower than sequential on cross_silo); on small batches (cross_device's 10)
         # the grouped kernel wins, its one call against K; on a GPU the grouped kernel is one launch, not K
-        xs, ws = _front(x, in_dims[0], k), _front(w, in_dims[1], k)
-        bs = None if b is None else _front(b, in_dims[2], k)
+        # unbind, not indexing: the backward of K indexings writes each client's gradient into a zero tensor of
+        # the whole stack (K^2 work), unbind's stacks them once
+        xs, ws = _front(x, in_dims[0], k).unbind(0), _front(w, in_dims[1], k).unbind(0)
+        bs = None if b is None else _front(b, in_dims[2], k).unbind(0)
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         outs = [F.conv2d(xs[i].contiguous(memory_format=fmt), ws[i], None if bs is None else bs[i], stride, padding,
                          dilation, groups) for i in range(k)]
