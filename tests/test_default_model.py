@@ -118,5 +118,5 @@ def test_command_line_logs_the_default_and_why_and_a_model_key_without_a_model_i
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr == ("model.hidden=32 is not allowed without model=NAME: no model is chosen here (a dataset's "
                           "default backbone is chosen after the command line is read); name it, e.g. "
-                          "model=cnn_small model.hidden=32 (model=cnn_small, mlp have hidden)\n")
+                          "model=cnn_small model.hidden=32 (model=cnn_small, lstm_shakespeare, mlp have hidden)\n")
     assert not (tmp_path / "b").exists()
