@@ -165,7 +165,9 @@ def check_node(node: DictConfig, prefix: str, shared: dict | None = None) -> Non
             continue
         if key not in params:
             raise _unknown(prefix, key, [p for p in params if p not in ("args", "kwargs")])
-        value = node._get_node(key)
+        # an interpolation is checked as what it resolves to: `${oc.select:...}` may choose a whole node (an
+        # experiment's per-method client objective), whose own ${...} resolve only where it stands in the config
+        value = node[key] if OmegaConf.is_interpolation(node, key) else node._get_node(key)
         if isinstance(value, DictConfig) and "_target_" in value:
             check_node(node[key], f"{prefix}{key}.")
         else:
