@@ -136,6 +136,32 @@ def test_padded_batch_fills_a_partial_batch_with_the_clients_own_first_sample():
     assert all(torch.equal(row, plan.batch(0, 6, slice(0, 1))[0][0]) for row in x[1:])
 
 
+def test_runs_on_one_dataset_share_its_tensors_and_their_batches_come_from_one_gather():
+    """Two runs' datas built from equal images share one tensor (a stacked sweep keeps one copy); a run whose
+    labels an attack changed keeps its own labels. Their plans' batches gathered together equal each plan's own
+    batch, inputs (with each plan's own crops and flips) and labels alike."""
+    from fedagg.clients.batches import gather
+    from fedagg.data.device import inputs_key, labels_key
+
+    _, data, clients = _setup(CNNSmall, 1, 16, [9, 5], True)
+    _, twin, twin_clients = _setup(CNNSmall, 1, 16, [9, 5], True)  # equal tensors, made again
+    assert twin.train_x is data.train_x and inputs_key(twin) == inputs_key(data)
+    twin.train_y = (9 - twin.train_y).contiguous()  # as attack=label_flip replaces a run's labels
+    assert labels_key(twin) != labels_key(data)
+    ordered = [clients[0], clients[1]]
+    plans = [BatchPlan(ordered, data, batch_size=4, epochs=1, seed=1, round=2),
+             BatchPlan([twin_clients[1]], twin, batch_size=4, epochs=1, seed=7, round=2)]
+    picks = [(plans[0], plans[0].picks(0, 4, slice(0, 2))), (plans[1], plans[1].picks(0, 4, slice(0, 1)))]
+    x, y = gather(picks)
+    own = [plan.batch(0, 4, sel) for plan, sel in ((plans[0], slice(0, 2)), (plans[1], slice(0, 1)))]
+    assert x.shape[0] == 12 and torch.equal(x, torch.cat([o[0] for o in own])) and torch.equal(y, torch.cat([o[1] for o in own]))
+    assert torch.equal(y[8:], 9 - data.train_y[plans[1].order[picks[1][1]]])  # the twin's flipped labels
+    other = DeviceData(SimpleNamespace(name="toy", num_classes=10, augment=True, train_x=data.train_x.clone() + 1,
+                                       train_y=data.train_y, test_x=data.test_x, test_y=data.test_y, mean=(0.5,),
+                                       std=(0.25,)), torch.device("cpu"), (1, 16, 16))
+    assert other.train_x is not data.train_x and other.train_y is data.train_y and inputs_key(other) != inputs_key(data)
+
+
 def test_stacked_task_losses_count_only_the_real_samples():
     g = torch.Generator().manual_seed(0)
     logits, y = torch.randn(2, 3, 4, generator=g), torch.randint(0, 4, (2, 3), generator=g)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fedagg.clients.client import ClientData
-from fedagg.data.device import apply_crop_flip, draw_crop_flip, targets
+from fedagg.data.device import apply_crop_flip, draw_crop_flip, inputs_key, labels_key, targets
 from fedagg.data.seeding import generator
 
 Selection = slice | Tensor  # chunk positions of a group of clients: a range, or an index tensor
@@ -81,25 +81,61 @@ class BatchPlan:
     def __len__(self) -> int:
         return len(self.groups)
 
+    def picks(self, t: int, n: int, clients: Selection) -> Tensor:
+        """Positions in the round's draws [g * n] of step t's samples for a group of g clients whose batches
+        hold n samples, client after client (`gather` turns them into a batch)."""
+        return self.pos[t, clients, :n].reshape(-1)
+
+    def padded_picks(self, t: int) -> tuple[Tensor, Tensor]:
+        """Positions [m * B] of step t's samples for the m clients still training, each client's batch filled up
+        to B samples with its first sample of the round (real data, so the forward stays finite; the loss weighs
+        it zero), and the real samples of each [m]."""
+        m = self.active[t]
+        return self.pos[t, :m].reshape(-1), self.counts[t, :m]
+
     def batch(self, t: int, n: int, clients: Selection) -> tuple[Tensor, Tensor]:
-        """Inputs [g * n, ...] and labels [g * n] of step t for a group of g clients whose batches hold n samples,
-        client after client, as `data.prepare` returns them (a view to [g, n, ...] can change the strides of a
-        size-1 channel axis, and with them which convolution kernel runs)."""
-        return self._gather(self.pos[t, clients, :n].reshape(-1))
+        """Inputs [g * n, ...] and labels [g * n] of `picks(t, n, clients)`, as `data.prepare` returns them (a
+        view to [g, n, ...] can change the strides of a size-1 channel axis, and with them which convolution
+        kernel runs)."""
+        return gather([(self, self.picks(t, n, clients))])
 
     def padded_batch(self, t: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Inputs [m * B, ...], labels [m * B] and real samples [m] of step t for the m clients still training:
-        each client's batch filled up to B samples with its first sample of the round (real data, so the
-        forward stays finite; the loss weighs it zero)."""
-        m = self.active[t]
-        x, y = self._gather(self.pos[t, :m].reshape(-1))
-        return x, y, self.counts[t, :m]
+        """Inputs [m * B, ...], labels [m * B] and real samples [m] of `padded_picks(t)`."""
+        flat, real = self.padded_picks(t)
+        return *gather([(self, flat)]), real
 
-    def _gather(self, flat: Tensor) -> tuple[Tensor, Tensor]:
-        idx = self.order[flat]
-        x = self.data.train_images(idx)
-        if self.crops is not None:
-            x = apply_crop_flip(x, *(c[flat] for c in self.crops))
-        x = self.data.prepare(x)
-        y = targets(self.data, "train", idx)
-        return x, y
+
+def gather(picks: list[tuple[BatchPlan, Tensor]]) -> tuple[Tensor, Tensor]:
+    """The inputs and labels of several plans' picks, one after another. Plans on data that give an index the
+    same input (the runs of a stacked sweep on one dataset: `inputs_key`) are served by one gather and one
+    preparation; the preparation is per sample, so a sample comes out the same whichever others share it."""
+    idx = [plan.order[flat] for plan, flat in picks]
+    xs, ys = [], []
+    for members in _runs(picks, lambda plan: inputs_key(plan.data)):
+        data = picks[members[0]][0].data
+        x = data.train_images(_cat([idx[i] for i in members]))
+        # each plan's crop and flip values at its positions (augmented data; a plan of no samples has none)
+        drawn = [[c[flat] for c in plan.crops] for plan, flat in (picks[i] for i in members) if plan.crops is not None]
+        if drawn:
+            x = apply_crop_flip(x, *(_cat(list(values)) for values in zip(*drawn)))
+        xs.append(data.prepare(x))
+    for members in _runs(picks, lambda plan: labels_key(plan.data)):
+        ys.append(targets(picks[members[0]][0].data, "train", _cat([idx[i] for i in members])))
+    return _cat(xs), _cat(ys)
+
+
+def _runs(picks: list[tuple[BatchPlan, Tensor]], key) -> list[list[int]]:
+    """Positions of `picks` in runs of consecutive ones with equal keys."""
+    runs, last = [], object()
+    for i, (plan, _) in enumerate(picks):
+        k = key(plan)
+        if runs and k == last:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+        last = k
+    return runs
+
+
+def _cat(tensors: list[Tensor]) -> Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)

@@ -8,6 +8,8 @@ path (DESIGN principle 6).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -30,6 +32,40 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+_held: list[weakref.ref] = []  # the data tensors the process's runs hold on their devices
+_held_lock = threading.Lock()
+
+
+def shared(t: Tensor) -> Tensor:
+    """`t`, or an equal tensor a run of this process already holds on the same device. The runs of a stacked
+    sweep (fedagg/stacking) so keep one copy of a dataset, and the parallel engine serves all their batches
+    of a step with one gather. Data tensors are never written in place: a run that changes its data (a label
+    attack, feature noise, a test subset) makes a new tensor of its own."""
+    with _held_lock:
+        _held[:] = [ref for ref in _held if ref() is not None]
+        for ref in _held:
+            other = ref()
+            if (other is not None and other.shape == t.shape and other.dtype == t.dtype and other.device == t.device
+                    and torch.equal(other, t)):
+                return other
+        _held.append(weakref.ref(t))
+        return t
+
+
+def inputs_key(data) -> tuple:
+    """Equal for two datas that give a training index the same model input (the same images, noise and
+    preparation): their batches can be gathered together."""
+    if not isinstance(data, DeviceData):
+        return ("data", id(data))
+    return id(data.train_x), id(data.train_noise), data.augment, data.inputs, data.input_shape, data.normalisation
+
+
+def labels_key(data) -> tuple:
+    """Equal for two datas whose training targets are the same tensor."""
+    source = data.train_x if getattr(data, "inputs", "images") == "tokens" else data.train_y
+    return ("targets", id(source))
+
+
 class DeviceData:
     def __init__(self, bundle, device: torch.device, input_shape: tuple[int, ...]) -> None:
         self.name = bundle.name
@@ -37,15 +73,14 @@ class DeviceData:
         self.augment = bool(bundle.augment)
         self.inputs = getattr(bundle, "inputs", "images")  # DatasetBundle's INPUT_KINDS; plain namespaces are images
         self.device = device
-        self.train_x = bundle.train_x.to(device)
-        self.train_y = bundle.train_y.to(device)
-        self.test_x = bundle.test_x.to(device)
-        self.test_y = bundle.test_y.to(device)
+        self.train_x, self.train_y = shared(bundle.train_x.to(device)), shared(bundle.train_y.to(device))
+        self.test_x, self.test_y = shared(bundle.test_x.to(device)), shared(bundle.test_y.to(device))
         # where clients' local test indices point: into the training pool (a share each client holds out), or
         # into the test set, for a dataset whose clients bring their own test split (partition=natural)
         self.local_tests = "train"
         self.input_shape = tuple(input_shape)
         self.train_noise: Tensor | None = None  # per training image, on the x / 255 scale; see add_feature_noise
+        self.normalisation = (tuple(bundle.mean), tuple(bundle.std)) if self.inputs == "images" else ()
         if self.inputs != "images":  # features and token sequences are served as they are: the model must fit them
             given = tuple(self.prepare(self.train_x[:1]).shape[1:])
             if given != self.input_shape:

@@ -12,19 +12,24 @@ same the sequential engine runs one client at a time, so for the same seed this 
 reproduces `SequentialEngine` to float tolerance: the reference it is tested against.
 A client's arithmetic does not depend on which clients share its call, so the runs of a
 stacked sweep (fedagg/stacking) get what each gets alone, bit for bit where the kernels
-allow (linear layers; convolutions per client on the CPU's large batches).
+allow (linear layers; convolutions per client on the CPU's large batches). Runs on one
+dataset share its tensors, so a step's batches of all of them come from one gather, and a
+step over several runs' clients takes their rows of the chunk's stacks (views where the
+rows are one range) rather than joining every run's block.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from fedagg.clients.batches import gather
 from fedagg.clients.trainer import LocalSGD
 from fedagg.clients.validation import ValidationPlan
 from fedagg.config.constraints import Range, checked
@@ -55,6 +60,24 @@ def loss_key(trainer: LocalSGD) -> tuple:
     return type(objective).__qualname__, type(objective).__module__, tuple(settings)
 
 
+@dataclass
+class _Stack:
+    """A chunk's stacked tensors, [k, ...] each: parameters, buffers and (several runs) anchors."""
+
+    params: list[Tensor]
+    buffers: list[Tensor]
+    anchors: list[Tensor]
+
+
+def _rows(group: list, device: torch.device) -> slice | Tensor:
+    """The chunk's rows of a step's clients, part after part: a range where they are one, else an index."""
+    spans = [range(part.offset + sel.start, part.offset + sel.stop) if isinstance(sel, slice) else sel + part.offset
+             for part, _, sel in group]
+    if all(isinstance(s, range) for s in spans) and all(a.stop == b.start for a, b in zip(spans, spans[1:])):
+        return slice(spans[0].start, spans[-1].stop)
+    return torch.cat([torch.arange(s.start, s.stop, device=device) if isinstance(s, range) else s for s in spans])
+
+
 def _twice(t: Tensor) -> Tensor:
     """[1, ...] -> [2, ...]: the row beside a detached copy of itself (gradients reach only the first)."""
     return torch.cat([t, t.detach()])
@@ -78,7 +101,7 @@ class _Part:
 
     def bind(self, P: list[Tensor], Bf: list[Tensor], offset: int, shapes: list[torch.Size]) -> None:
         job, k = self.job, len(self.clients)
-        rows = slice(offset, offset + k)
+        self.offset, rows = offset, slice(offset, offset + k)
         self.P, self.Bf = [p[rows] for p in P], [b[rows] for b in Bf]  # views: steps write into the stack
         self.sgd = job.trainer.optimizer(self.P, self.clients, job.lr)
         self.anchor = [a.clone() for a in unflatten(job.global_params, shapes)]
@@ -115,8 +138,9 @@ class ParallelEngine(Engine):
             return
         job, data = jobs[0], jobs[0].data
         sample = data.prepare(data.train_x[:1])[0]
-        datas = {id(j.data): j.data for j in jobs}.values()
-        resident = sum(t.numel() * t.element_size() for d in datas for t in (d.train_x, d.train_y, d.test_x, d.test_y))
+        # the runs' data tensors, each counted once (runs on one dataset share them: fedagg.data.device.shared)
+        held = {id(t): t for j in jobs for t in (j.data.train_x, j.data.train_y, j.data.test_x, j.data.test_y)}
+        resident = sum(t.numel() * t.element_size() for t in held.values())
         self.chunk_size = auto_chunk_size(job.model, sample, job.trainer.batch_size,
                                           sum(len(j.clients) for j in jobs), resident)
         log.info("engine.chunk_size=auto: %d clients at once on %s", self.chunk_size, sample.device)
@@ -232,6 +256,11 @@ class ParallelEngine(Engine):
         for part in parts:  # each run's SGD (its lr, momentum, kept state) on its block of the stacked tensors
             part.bind(P, Bf, offset, self._pshapes)
             offset += len(part.clients)
+        # several runs: each client's anchor (its run's global model) stacked like the weights, for steps that
+        # take the rows of several runs at once
+        anchors = [] if len(parts) == 1 else [torch.cat(a) for a in zip(*(
+            [a.expand(len(part.clients), *a.shape) for a in part.anchor] for part in parts))]
+        self._stack = _Stack(P, Bf, anchors)
         self._packed.train()
         for t in range(max(len(part.plan) for part in parts)):
             # one vmapped forward and backward per batch size and loss shared by the runs' clients at step t
@@ -247,29 +276,32 @@ class ParallelEngine(Engine):
                     calls.setdefault((n, part.loss_key), []).append((part, n, sel))
             for (n, _), group in sorted(calls.items(), key=lambda item: -item[0][0]):
                 self._step(group, t, n, device)
+        self._stack = None
         for part in parts:
             part.finish()
 
     def _step(self, group: list[tuple[_Part, int, object]], t: int, n: int, device: torch.device) -> None:
         """One local step of the clients in `group` (parts with batches of n samples, one loss)."""
         single = len(group) == 1
-        if self._pad:  # (x, y, real samples per client)
-            batches = [part.plan.padded_batch(t) for part, _, _ in group]
+        if self._pad:  # (positions, real samples per client)
+            picks = [part.plan.padded_picks(t) for part, _, _ in group]
+            real = picks[0][1] if single else torch.cat([r for _, r in picks])
+            picks = [(part.plan, flat) for (part, _, _), (flat, _) in zip(group, picks)]
         else:
-            batches = [(*part.plan.batch(t, n, sel), None) for part, _, sel in group]
-        x, y, real = batches[0] if single else [None if b[0] is None else torch.cat(b) for b in zip(*batches)]
+            picks, real = [(part.plan, part.plan.picks(t, n, sel)) for part, _, sel in group], None
+        x, y = gather(picks)  # one gather for the runs on one dataset
         x, y = x.view(-1, n, *x.shape[1:]), y.view(-1, n, *y.shape[1:])  # [g, n, ...]: one batch per client
         if single:
             part, _, sel = group[0]
             leaves = [p[sel].detach().requires_grad_() for p in part.P]
             buffers = [b[sel] for b in part.Bf]  # BatchNorm updates these in place
             anchor, state = part.anchor, None if part.state is None else [s[sel] for s in part.state]
-        else:
-            leaves = [torch.cat(ps).detach().requires_grad_()
-                      for ps in zip(*([p[sel] for p in part.P] for part, _, sel in group))]
-            buffers = [torch.cat(bs) for bs in zip(*([b[sel] for b in part.Bf] for part, _, sel in group))]
-            anchor = [torch.cat(a) for a in zip(*([a.expand(_count(sel, len(part.clients)), *a.shape)
-                                                   for a in part.anchor] for part, _, sel in group))]
+            stats_of, rows = part.Bf, sel
+        else:  # the group's rows of the chunk's stacks: views when they are one range
+            stats_of, rows = self._stack.buffers, _rows(group, device)
+            leaves = [p[rows].detach().requires_grad_() for p in self._stack.params]
+            buffers = [b[rows] for b in self._stack.buffers]
+            anchor = [a[rows] for a in self._stack.anchors]
             state = None if group[0][0].state is None else [
                 torch.cat(s) for s in zip(*([s[sel] for s in part.state] for part, _, sel in group))]
         self._trainer = group[0][0].job.trainer  # read by the vmapped loss; the group shares its loss
@@ -296,12 +328,12 @@ class ParallelEngine(Engine):
             for b, doubled in zip(buffers, stats):  # BatchNorm updated the doubled copy; the client's is its first
                 b.copy_(doubled[:1])
         seen = task.detach() * (n if real is None else real)  # each client's loss x its real samples
+        if not isinstance(rows, slice):  # gathered rows: write back the statistics BatchNorm updated in the copies
+            for b, new in zip(stats_of, buffers):
+                b[rows] = new
         for i, (part, _, sel) in enumerate(group):
             lo, hi = sum(sizes[:i]), sum(sizes[:i + 1])
             part.sgd.step([g[lo:hi] for g in grads] if not single else list(grads), sel)
-            if not single or not isinstance(sel, slice):  # a gathered group: write its statistics back
-                for b, new in zip(part.Bf, buffers):
-                    b[sel] = new[lo:hi] if not single else new
             part.loss_sum[sel] += seen[lo:hi] if not single else seen
 
     @torch.no_grad()
