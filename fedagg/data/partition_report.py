@@ -112,8 +112,10 @@ def _plot(stats: dict, path: Path) -> None:
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.cm import ScalarMappable
+    from matplotlib.collections import PolyCollection
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     k, c = stats["num_clients"], stats["num_classes"]
     counts = np.array([cl["class_counts"] for cl in stats["clients"]], dtype=np.int64).reshape(k, c)
@@ -125,12 +127,16 @@ def _plot(stats: dict, path: Path) -> None:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     colors = _class_colors(c)
-    y = np.arange(k)
-    left = np.zeros(k)
+    # a class's bars as one collection of rectangles: barh adds a patch per bar, which took most of the picture's
+    # half second (a sweep draws one per split, beside its training)
+    y = np.arange(k)[:, None] + np.array([-0.425, 0.425, 0.425, -0.425])  # [k, 4] corners, height 0.85
+    right = counts.cumsum(1)
     for j in range(c):
+        x = np.stack([right[:, j] - counts[:, j]] * 2 + [right[:, j]] * 2, 1)  # left, left, right, right
         # thin white edges keep neighbouring classes of similar colour apart
-        ax.barh(y, counts[:, j], left=left, height=0.85, color=colors[j], label=str(j), edgecolor="white", linewidth=0.3)
-        left += counts[:, j]
+        bars = ax.add_collection(PolyCollection(np.stack([x, y], 2), facecolors=[colors[j]], edgecolors="white",
+                                                linewidths=0.3))
+        bars.sticky_edges.x.append(0)  # as barh's: the x axis starts at 0, the margin only on the right
     ax.set_ylim(k - 0.5, -0.5)  # client 0 at the top, as in partition.json
     step = max(1, -(-k // 50))  # at most ~50 labelled ticks, so ids never overlap
     ax.set_yticks(np.arange(0, k, step))
@@ -141,7 +147,8 @@ def _plot(stats: dict, path: Path) -> None:
     ax.grid(axis="x", alpha=0.3)
     ax.margins(x=0.02)
     if c <= _LEGEND_MAX:
-        ax.legend(title="class", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        ax.legend(handles=[Patch(color=colors[j], label=str(j)) for j in range(c)], title="class", loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     else:
         scale = ScalarMappable(Normalize(-0.5, c - 0.5), matplotlib.colormaps["turbo"].resampled(c))
         fig.colorbar(scale, ax=ax, label="class", fraction=0.03, aspect=40)
