@@ -148,3 +148,36 @@ def test_jobs_group_by_model_and_local_training_shape_and_others_say_why():
     assert keys[4] == (None, "deterministic=true is a process-wide torch setting")
     groups = form_groups(keys, max_group=2)
     assert [g for g, _ in groups] == [[0, 1], [2], [3], [4], [5], [6]]
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_a_stacked_group_in_the_middle_of_its_round(tmp_path):
+    """Rounds of about a minute (3,000 local epochs): the first Ctrl-C asks for a stop after the round, the second stops the
+    group's round at its next step; each job says so and keeps `status: interrupted`, and the sweep exits 130."""
+    cmd = [sys.executable, "-m", "fedagg.run", "-m", "engine=parallel", "rounds=2", "device=cpu", "seed=0,1",
+           "client.local_epochs=3000", "hydra/launcher=stacked", f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not all((tmp_path / str(j) / "partition.json").exists() for j in range(2)):
+            time.sleep(0.05)
+        time.sleep(2)  # the group is in its first round
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.5)
+        asked = time.time()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+        took = time.time() - asked
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out
+    assert "SIGINT received again: the running jobs stop now" in out
+    assert out.count("stopped at once; resume=true with the same settings continues from round 1") == 2, out
+    for j in range(2):
+        s = json.loads((tmp_path / str(j) / "summary.json").read_text())
+        assert s["status"] == "interrupted" and s.get("rounds_completed", 0) == 0, s
+    assert not (tmp_path / "0" / "metrics.csv").exists() or len(rows(tmp_path / "0" / "metrics.csv")) == 0
+    # a round of this group took 55 s on a 2-core CPU; the second Ctrl-C stops it within a few steps
+    assert took < 10, (took, out)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Literal
 
 import torch
 from torch import Tensor, nn
@@ -202,10 +202,11 @@ class ParallelEngine(Engine):
         """Train `job.clients` from the global weights; score each on `job.val_indices[k]` when given."""
         return self.train_rounds([job])[0]
 
-    def train_rounds(self, jobs: list[RoundJob]) -> list[RoundResult]:
+    def train_rounds(self, jobs: list[RoundJob], stop: Callable[[], bool] | None = None) -> list[RoundResult]:
         """A round of several runs at once (a stacked sweep, fedagg/stacking): models of one structure, each
         run with its own global weights, clients, data, trainer and learning rate. Every client's local
-        training is its own computation, so each result is what `train_round(job)` gives that job alone."""
+        training is its own computation, so each result is what `train_round(job)` gives that job alone.
+        `stop`: asked before every step; true raises KeyboardInterrupt (a second Ctrl-C)."""
         self._prepare_model(jobs[0].model)
         self._resolve_chunk_size(jobs)
         steps = [job.steps() for job in jobs]
@@ -227,7 +228,7 @@ class ParallelEngine(Engine):
             for j, k in pairs[lo:hi]:
                 members.setdefault(j, []).append(k)
             parts = [_Part(jobs[j], idx) for j, idx in sorted(members.items())]
-            self._train_chunk(parts)
+            self._train_chunk(parts, stop)
             for (j, idx), part in zip(sorted(members.items()), parts):
                 res, job = out[j], jobs[j]
                 rows = torch.tensor(idx, device=job.global_params.device)
@@ -240,7 +241,7 @@ class ParallelEngine(Engine):
             res.payloads = stack_payloads(sent)
         return out
 
-    def _train_chunk(self, parts: list[_Part]) -> None:
+    def _train_chunk(self, parts: list[_Part], stop: Callable[[], bool] | None = None) -> None:
         """Train one chunk: the clients of one or more runs, their parameters, buffers and momentum stacked as
         one [k, ...] tensor per parameter, each run's clients a contiguous block. Each part receives its
         clients' flat params [k, P], flat buffers [k, B], mean task losses [k], payloads, and its views of the
@@ -263,6 +264,8 @@ class ParallelEngine(Engine):
         self._stack = _Stack(P, Bf, anchors)
         self._packed.train()
         for t in range(max(len(part.plan) for part in parts)):
+            if stop is not None and stop():
+                raise KeyboardInterrupt
             # one vmapped forward and backward per batch size and loss shared by the runs' clients at step t
             calls: dict[tuple, list[tuple[_Part, int, object]]] = {}
             for part in parts:

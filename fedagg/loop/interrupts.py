@@ -19,8 +19,9 @@ import threading
 log = logging.getLogger(__name__)
 _requested_before = False
 # for round loops in threads other than the main one (a stacked sweep's runs), which no signal reaches: their
-# launcher takes the signal and sets this
+# launcher takes the signal and sets these (after the round; at once, on a second Ctrl-C)
 _stop_threads = threading.Event()
+_stop_threads_now = threading.Event()
 
 
 class StoppedNow(KeyboardInterrupt):
@@ -39,8 +40,24 @@ def clear_stop_request() -> None:
 
 
 def stop_all_loops(stop: bool = True) -> None:
-    """Ask every round loop of this process, in any thread, to stop after its round (False: clear that)."""
-    _stop_threads.set() if stop else _stop_threads.clear()
+    """Ask every round loop of this process, in any thread, to stop after its round (False: clear that and
+    `stop_all_loops_now`)."""
+    if stop:
+        _stop_threads.set()
+    else:
+        _stop_threads.clear()
+        _stop_threads_now.clear()
+
+
+def stop_all_loops_now() -> None:
+    """A second Ctrl-C for round loops in threads: each stops at once, at its next wait for a round (a stacked
+    group's round in progress stops at its next step), as a loop in the main thread does on a second Ctrl-C."""
+    _stop_threads.set()
+    _stop_threads_now.set()
+
+
+def stopping_now() -> bool:
+    return _stop_threads_now.is_set()
 
 
 class StopRequests:

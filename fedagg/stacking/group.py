@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fedagg.clients.trainer import LocalSGD
 from fedagg.engines.base import Engine, RoundJob, RoundResult
 from fedagg.engines.parallel import ParallelEngine
+from fedagg.loop import interrupts
 
 log = logging.getLogger("fedagg")
 _local = threading.local()  # the group and place of the run this thread executes
@@ -46,7 +47,10 @@ class Coordinator:
             slot = self.pending[place] = _Slot(job)
             self._run_if_complete()
             while not slot.done:
-                self.cond.wait()
+                if interrupts.stopping_now():  # a second Ctrl-C: the run's loop says how far it got
+                    del self.pending[place]
+                    raise KeyboardInterrupt
+                self.cond.wait(0.2)  # in short waits: a second Ctrl-C must not wait for a run still loading
         if slot.error is not None:
             raise slot.error
         return slot.result
@@ -63,8 +67,11 @@ class Coordinator:
         slots = [self.pending[p] for p in sorted(self.pending)]
         self.pending = {}
         try:
-            for slot, result in zip(slots, self.engine.train_rounds([s.job for s in slots])):
+            for slot, result in zip(slots, self.engine.train_rounds([s.job for s in slots], interrupts.stopping_now)):
                 slot.result = result
+        except KeyboardInterrupt:  # a second Ctrl-C stopped the round: every run stops at once
+            for slot in slots:
+                slot.error = KeyboardInterrupt()
         except Exception as err:
             if len(slots) == 1:
                 slots[0].error = err
@@ -73,8 +80,8 @@ class Coordinator:
                             len(slots), type(err).__name__, err)
                 for slot in slots:
                     try:
-                        slot.result = self.engine.train_rounds([slot.job])[0]
-                    except Exception as one:
+                        slot.result = self.engine.train_rounds([slot.job], interrupts.stopping_now)[0]
+                    except BaseException as one:  # KeyboardInterrupt too: that run stops at once
                         slot.error = one
         finally:
             for slot in slots:

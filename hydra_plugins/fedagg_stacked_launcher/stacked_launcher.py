@@ -10,7 +10,8 @@ sweep's callback (`fedagg.edge.sweep.SweepSummary`) counts them as for any sweep
 
 Process-wide state is kept per job: Hydra's HydraConfig is one per thread while a group runs, and each job's
 log lines go to its own log file (a handler per job that takes its thread's records). Ctrl-C or SIGTERM stops
-every running job after its round (checkpoint, `status: interrupted`) and starts no other.
+every running job after its round (checkpoint, `status: interrupted`) and starts no other; a second Ctrl-C stops
+them at once, as it stops a single run (each keeps its last checkpoint, `status: interrupted`).
 """
 
 
@@ -249,4 +250,7 @@ class StackedLauncher(Launcher):
         if not self.stopping:
             self.stopping = True
             log.warning("%s received: stopping the sweep; its running jobs stop after their current round, the others "
-                        "do not begin", signal.Signals(signum).name)
+                        "do not begin (Ctrl-C again to stop them now)", signal.Signals(signum).name)
+        elif signum == signal.SIGINT and not interrupts.stopping_now():  # twice, as a single run stops at once
+            interrupts.stop_all_loops_now()
+            log.warning("SIGINT received again: the running jobs stop now; each keeps its last checkpoint")
