@@ -39,6 +39,20 @@ def test_last_k_is_the_mean_of_the_last_k_evaluated_rounds_and_every_header_stat
     assert load_sweep(sweep)["last_k_test_acc"].tolist() == pytest.approx([0.4, 0.6])
 
 
+def test_a_table_whose_own_metric_is_last_k_computes_it_without_being_asked(tmp_path, capsys):
+    """table.metric: last_k_test_acc (fedopt_table2) is derived from metrics.csv as --metric last_k is: it is in
+    no summary.json, and the table once refused such a sweep ("no completed run has last_k_test_acc")."""
+    sweep = tmp_path / "sweep"
+    table = {"name": "t", "metric": "last_k_test_acc", "rows": ["aggregator"], "columns": ["dataset"]}
+    for seed, accs in ((0, [0.1, 0.2, 0.3, 0.4, 0.5]), (1, [0.3, 0.4, 0.5, 0.6, 0.7])):
+        fake_run(sweep / str(seed), seed=seed, acc=accs[-1], rounds_completed=25, config={"table": table},
+                 metrics=every_fifth_round(accs))
+    assert table_main([str(sweep)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("Metric: last_k_test_acc (last_k: the mean test accuracy over the last k = 3") for line in lines)
+    assert "| fedavg | 50.00 ± 14.14 |" in lines
+
+
 def clients(values: list[float]) -> list[dict]:
     """clients.csv with an earlier evaluation (round 1, all 0.9) that the final metrics must ignore."""
     return ([{"round": 1, "client": c, "test_acc": 0.9} for c in range(len(values))]

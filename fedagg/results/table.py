@@ -73,6 +73,12 @@ def table_spec(runs: list[dict], args) -> dict:
     return spec
 
 
+def table_spec_metric(runs: list[dict]) -> str | None:
+    """The metric of the table the runs belong to (table_spec's: the first run's config.table), if it names one."""
+    specs = [lookup(r, "config.table") for r in runs if isinstance(lookup(r, "config.table"), dict)]
+    return specs[0].get("metric") if specs else None
+
+
 METRIC_NAMES = {"final": "final_test_acc", "best": "best_test_acc", "last_k": derived.LAST_K,  # --metric final|...
                 "jain": derived.JAIN, "gap10": derived.GAP}
 
@@ -209,10 +215,11 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
     unfinished = [run for run in found if not run.get("_has_summary", True)]  # running, or killed
     if not runs:
         raise ResultsError(f"no summary.json below {folder}")
-    if METRIC_NAMES.get(metric, metric) in derived.DERIVED:  # computed from the runs' CSV files
-        runs = [derived.add_derived(run, last_k) for run in runs]
     args = argparse.Namespace(rows=rows, columns=columns, metric=metric, paper=paper,
                               key=[f"{k}={v}" for k, v in (keys or {}).items()])
+    shown = metric or table_spec_metric(runs)  # --metric, else the table's own (table.metric)
+    if METRIC_NAMES.get(shown, shown) in derived.DERIVED:  # computed from the runs' CSV files
+        runs = [derived.add_derived(run, last_k) for run in runs]
     spec = table_spec(runs, args)
     checks.check_keys(runs, spec, {**{n: "--rows" for n in rows or []}, **{n: "--columns" for n in columns or []},
                                    **{n: "--key" for n in keys or {}}})
