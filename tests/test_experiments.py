@@ -282,12 +282,18 @@ def test_two_job_sweep_through_the_submitit_launcher(tmp_path):
 # --- slow: every table end to end at a tiny scale -----------------------------------------
 
 
+FAKE_CIFAR_TRAIN = 5000  # training images of each fake CIFAR set (write_fake_data)
+
+
 def write_fake_data(root: Path) -> None:
     """Every dataset the tables use, in the real on-disk formats, big enough for their splits
-    (100 clients of 2 shards, FedAdp's 600-sample nodes, Dirichlet(0.1) over 20 clients)."""
+    (100 clients of 2 shards, FedAdp's 600-sample nodes, Dirichlet(0.1) over 20 clients, FedProx's
+    200 FEMNIST writers, Reddi et al.'s 10 clients a round of FEMNIST and Shakespeare; Synthetic is
+    generated, no files)."""
     import numpy as np
 
     from fake_datasets import solid_jpeg, write_cifar, write_fashion_mnist, write_idx_gz, write_imagenet
+    from fake_leaf import write_femnist, write_shakespeare
 
     rng = np.random.default_rng(0)
     raw = root / "MNIST" / "raw"
@@ -296,8 +302,12 @@ def write_fake_data(root: Path) -> None:
         write_idx_gz(raw / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
         write_idx_gz(raw / f"{prefix}-labels-idx1-ubyte.gz", rng.integers(0, 10, n).astype(np.uint8))
     write_fashion_mnist(root, n_train=12000, n_test=500)
-    write_cifar(root, per_file=1000)
-    write_cifar(root, hundred=True, per_file=5000)
+    write_cifar(root, per_file=FAKE_CIFAR_TRAIN // 5)  # 5 training batches
+    write_cifar(root, hundred=True, per_file=FAKE_CIFAR_TRAIN)
+    # LEAF's all_data JSON, read before TFF's h5 (no download): 220 writers and 12 roles of 4 samples,
+    # each split 3/1 into train/test by the loaders (FEMNIST 90%, Shakespeare 80%, at least one on each side)
+    write_femnist(root, sizes=((4,) * 110, (4,) * 110))
+    write_shakespeare(root, sizes=(4,) * 12)
     write_imagenet(root)
     folder = root / "tiny-imagenet-200"  # 10 classes x 60 training images, solid colours
     wnids = [f"n{i:08d}" for i in range(10)]
@@ -339,6 +349,9 @@ def test_table_runs_end_to_end_at_a_tiny_scale(name, tmp_path, monkeypatch, requ
             cfg.dataset.verify_md5 = False
         if "min_size" in cfg.partition and "alpha" in cfg.partition:
             cfg.partition.min_size = 1
+        if "samples_per_client" in cfg.partition and str(cfg.partition._target_).endswith(".pachinko"):
+            # Reddi et al.'s 500 Pachinko clients of 100 CIFAR images need 50,000; the fake sets hold 5,000
+            cfg.partition.samples_per_client = min(cfg.partition.samples_per_client, FAKE_CIFAR_TRAIN // cfg.num_clients)
         if "class_choice" in cfg.partition:
             cfg.partition.class_choice = "balanced"  # ~1,000 fake images a class: independent picks can overdraw one
         if (cfg.client.get("val_frac") or 0) >= 0.3:
