@@ -3,12 +3,16 @@
 A tqdm bar redraws itself with carriage returns; in a file (nohup, Slurm, a joblib
 worker's log) that becomes one unreadable line, so off a terminal the same figures are
 logged as ordinary lines, at most one every `log_interval_s` seconds, plus the last round.
+Round loops in threads (the runs of a stacked sweep, fedagg/stacking) log lines too: a bar
+each would stack up one terminal line per run (64 for a 64-job group); their group draws one
+bar of the rounds it trains (`GroupProgress`).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 
 from tqdm.auto import tqdm
@@ -21,7 +25,7 @@ class RoundProgress:
         stream = sys.stderr if stream is None else stream
         self.total, self.interval = total, log_interval_s
         self.bar = tqdm(total=total, initial=first - 1, desc="rounds", unit="round", dynamic_ncols=True,
-                        mininterval=1.0, file=stream, disable=not _is_terminal(stream))
+                        mininterval=1.0, file=stream, disable=not _live(stream))
         self.started, self.first, self.last_logged = time.perf_counter(), first, float("-inf")
         self.figures: dict[str, str] = {}
 
@@ -44,6 +48,27 @@ class RoundProgress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class GroupProgress:
+    """On a terminal, one bar for a stacked group: the rounds it has trained and the runs still in it."""
+
+    def __init__(self, stream=None) -> None:
+        stream = sys.stderr if stream is None else stream
+        self.bar = tqdm(desc="stacked rounds", unit="round", dynamic_ncols=True, mininterval=1.0, file=stream,
+                        disable=not _is_terminal(stream))
+
+    def update(self, runs: int) -> None:
+        self.bar.set_postfix(runs=runs, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _live(stream) -> bool:
+    """A bar for this loop: on a terminal, and the loop in the main thread (see the module's docstring)."""
+    return _is_terminal(stream) and threading.current_thread() is threading.main_thread()
 
 
 def _is_terminal(stream) -> bool:

@@ -12,6 +12,7 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.engines.base import Engine, RoundJob, RoundResult
 from fedagg.engines.parallel import ParallelEngine
 from fedagg.loop import interrupts
+from fedagg.loop.progress import GroupProgress
 
 log = logging.getLogger("fedagg")
 _local = threading.local()  # the group and place of the run this thread executes
@@ -34,6 +35,7 @@ class Coordinator:
         self.pending: dict[int, _Slot] = {}
         self.engine: ParallelEngine | None = None
         self.cond = threading.Condition()
+        self.progress = GroupProgress()  # the runs' own loops log lines (fedagg.loop.progress)
 
     def adopt(self, own: ParallelEngine) -> None:
         """The group's engine: a copy of the first run's before it trained (same options, chunk size unresolved,
@@ -60,6 +62,8 @@ class Coordinator:
             if place in self.live:
                 self.live.discard(place)
                 self._run_if_complete()
+                if not self.live:
+                    self.progress.close()
 
     def _run_if_complete(self) -> None:
         if not self.pending or set(self.pending) != self.live:
@@ -69,6 +73,7 @@ class Coordinator:
         try:
             for slot, result in zip(slots, self.engine.train_rounds([s.job for s in slots], interrupts.stopping_now)):
                 slot.result = result
+            self.progress.update(len(slots))
         except KeyboardInterrupt:  # a second Ctrl-C stopped the round: every run stops at once
             for slot in slots:
                 slot.error = KeyboardInterrupt()
