@@ -36,12 +36,13 @@ from fedagg.loop import interrupts, threads
 from fedagg.loop.folder import RunFolder, clear_run, held_run
 from fedagg.loop.numerics import numerics
 from fedagg.loop.round_loop import run_federation
+from fedagg.config.names import DISPLAY_NAME
 from fedagg.loop.schema import check_config
 from fedagg.data.device import resolve_device
 from fedagg.loop.settings import Settings
 from fedagg.loop.splits import scaled_rounds
 from fedagg import stacking
-from fedagg.results.groups import GROUPS, RECORDED_CHOICES
+from fedagg.results.groups import GROUPS, RECORDED_CHOICES, method_name_of, method_of
 from fedagg.tracking.files import write_json
 
 log = logging.getLogger("fedagg")
@@ -144,7 +145,7 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
         a, b = old.get(k), new.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
             keys += _changed_keys(a, b, f"{prefix}{k}.")
-        elif a != b and f"{prefix}{k}" not in ("resume", "overwrite"):
+        elif a != b and f"{prefix}{k}" not in ("resume", "overwrite") and k != DISPLAY_NAME:  # a name computes nothing
             keys.append(f"{prefix}{k}")
     return keys
 
@@ -174,8 +175,8 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
         config = OmegaConf.to_container(cfg, resolve=True)
     except InterpolationKeyError as err:
         raise SetupError(explain_missing_option(cfg, err, choices)) from None
-    summary_base = {"seed": cfg.seed, "choices": choices, "overrides": overrides, "config": config,
-                    "experiment_scale": cfg.experiment_scale}
+    summary_base = {"seed": cfg.seed, "method": method_of(choices, config), "method_name": method_name_of(choices, config),
+                    "choices": choices, "overrides": overrides, "config": config, "experiment_scale": cfg.experiment_scale}
     if cfg.get("resume") is True and cfg.get("overwrite") is True:
         raise SetupError("resume=true and overwrite=true contradict each other: resume=true continues the run in the "
                          "folder, overwrite=true replaces it; choose one")

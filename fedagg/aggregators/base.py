@@ -29,6 +29,7 @@ from fedagg.aggregators.blocks import weighted_update
 from fedagg.aggregators.inputs import Bits, ClientSetup, Needs, RoundInputs, dense
 from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import checked
+from fedagg.config.names import Named
 
 Weighting = Literal["samples", "uniform"]  # p = D, or 1/K
 WEIGHTINGS = get_args(Weighting)
@@ -63,10 +64,11 @@ def sample_weights(num_samples: Tensor) -> Tensor:
     return n / n.sum()
 
 
-class Aggregator:
+class Aggregator(metaclass=Named):
     """FedAvg (McMahan 2017): w + sum_k p_k (W_k - w), p = D (samples) or 1/K (uniform)."""
 
     needs: Needs = Needs()
+    display_name: ClassVar[str | None] = None  # `display_name: ...` in the method's YAML; None: the option's name
     # True: the new model is a server step on sum_k p_k Delta_k with p fixed before any update is seen
     # (weighting=uniform gives p = 1/K): channel=dp's noise on that mean is then all the server reveals.
     # Opt-in: a rule that looks at the updates (Krum, medians, FedAdp, FedExP's step size) keeps False.

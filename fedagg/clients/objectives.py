@@ -17,6 +17,7 @@ from torch import Tensor
 
 from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import Range, Tune, checked
+from fedagg.config.names import Named
 
 
 def squared_distance(params: list[Tensor], anchor: list[Tensor]) -> Tensor:
@@ -31,9 +32,10 @@ class LocalWork:
     lr: float  # the learning rate of this round
 
 
-class Objective:
+class Objective(metaclass=Named):
     """Plain empirical risk: nothing added, nothing kept (`client/objective=none`)."""
 
+    display_name: str | None = None  # `display_name: ...` in the method's YAML (see fedagg.config.names)
     adds_to_loss = False  # True for every objective that changes local training
     stackable = True  # its penalty runs under torch.func.vmap on stacked clients (engine=parallel)
     proximal_mu = 0.0  # mu of a mu/2 ||theta - w||^2 term it adds, for server rules that depend on it (FedNova)

@@ -27,6 +27,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 from fedagg.config.constraints import check, constraints
+from fedagg.config.names import DISPLAY_NAME, takes_display_name
 from fedagg.loop import threads
 
 META_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
@@ -161,7 +162,7 @@ def check_node(node: DictConfig, prefix: str, shared: dict | None = None) -> Non
     hints = {**(shared or {}), **hints}
     plain = {}
     for key in node:
-        if key in META_KEYS:
+        if key in META_KEYS or (key == DISPLAY_NAME and takes_display_name(target)):
             continue
         if key not in params:
             raise _unknown(prefix, key, [p for p in params if p not in ("args", "kwargs")])
