@@ -26,6 +26,8 @@ def fake_run(folder: Path, *, status="completed", seed=0, acc=0.5, best=None, ch
                "overrides": overrides if overrides is not None else [f"aggregator={choices['aggregator']}", f"seed={seed}"],
                "config": {"seed": seed, "rounds": 3, **(config or {})}, **fields}
     (folder / "summary.json").write_text(json.dumps(summary))
+    if metrics is None and status == "completed" and acc is not None:  # a run always writes one: its last row is final
+        metrics = [{"round": r, "test_acc": acc} for r in range(1, int(summary["rounds_completed"]) + 1)]
     for name, rows in (("metrics.csv", metrics), ("weights.csv", weights), ("clients.csv", clients)):
         if rows:
             write_csv(folder / name, rows)

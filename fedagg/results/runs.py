@@ -12,17 +12,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from fedagg.results.derived import add_derived
-from fedagg.results.groups import RECORDED_CHOICES
+from fedagg.results.groups import RECORDED_CHOICES, method_name_of, method_of
+from fedagg.results.integrity import damage
 
 RUN_FILES = ("summary.json", "config.yaml")
 STARTED = (".owner", "metrics.csv", "checkpoint.pt")  # beside a config.yaml: a run began here (not W&B's config.yaml)
-IDENTITY = ("run", "status", "seed")  # with the group choices and the varying overrides: what names a run
+IDENTITY = ("run", "status", "seed", "method")  # with the group choices and the varying overrides: what names a run
 
 
 class ResultsError(ValueError):
@@ -99,6 +101,9 @@ def read_run(run_dir: Path, root: Path | None = None) -> dict:
             run["checkpoint"] = True
     if _owner_alive(run_dir):
         run["status"] = "running"
+    choices, config = run.get("choices") or {}, run.get("config") or {}
+    if run.get("method") is None:  # runs from before summary.json named their method
+        run["method"], run["method_name"] = method_of(choices, config), method_name_of(choices, config)
     rel = run_dir.relative_to(root) if root is not None and run_dir.is_relative_to(root) else run_dir
     run["_dir"], run["_path"] = str(rel) if str(rel) != "." else ".", run_dir
     return run
@@ -142,7 +147,8 @@ def sweep_frame(runs: list[dict]) -> pd.DataFrame:
     varying = varying_overrides(runs)
     rows = []
     for run in runs:
-        row = {"run": run["_dir"], "status": run.get("status"), "seed": run.get("seed")}
+        row = {"run": run["_dir"], "status": run.get("status"), "seed": run.get("seed"), "method": run.get("method"),
+               "method_name": run.get("method_name"), "damaged": damage(run)}
         choices = run.get("choices") or {}
         row.update({group: choices.get(group) for group in RECORDED_CHOICES})
         fields = {k: v for k, v in run.items() if not k.startswith("_") and k not in ("choices", "overrides")}
@@ -153,13 +159,15 @@ def sweep_frame(runs: list[dict]) -> pd.DataFrame:
         rows.append(row)
     frame = pd.DataFrame(rows)
     frame = frame[[c for c in frame if c in IDENTITY or frame[c].notna().any()]]  # no column of a group nobody chose
+    # (`damaged` too is there only when some run's files are: "<file> is damaged: <why>")
     frame.attrs["varying"] = [k for k in varying if k in frame]
     return frame
 
 
 def load_sweep(folder: str | Path) -> pd.DataFrame:
     """One row per run folder below `folder` (or the one run folder given): `run` (its folder, relative),
-    `status`, `seed`, every group choice (`aggregator`, `dataset`, ...), every summary.json field flattened
+    `status`, `seed`, `method` (the aggregator, or the client objective it runs with: fedprox) and `method_name`
+    (its YAML's display_name), `damaged` where a run's metrics.csv or weights.csv is not what it wrote (why), every group choice (`aggregator`, `dataset`, ...), every summary.json field flattened
     (`final_test_acc`, `config.aggregator.lr`, ...), the overrides that vary across the runs, and `path`;
     from the runs' CSV files `last_k_test_acc` (k = ⌈R/10⌉: `last_k`), and with per-client evaluation
     `final_client_jain` and `final_client_acc_gap10` (fedagg.results.derived says how each is computed).
@@ -170,19 +178,26 @@ def load_sweep(folder: str | Path) -> pd.DataFrame:
 def _long(folder: str | Path, filename: str) -> pd.DataFrame:
     sweep = load_sweep(folder)
     ids = [c for c in sweep if c in IDENTITY or c in RECORDED_CHOICES or c in sweep.attrs["varying"]]
-    parts = []
+    parts, named = [], ids
     for _, run in sweep.iterrows():
         path = Path(run["path"]) / filename
         if not path.exists() or path.stat().st_size == 0:
             continue
+        if isinstance(run.get("damaged"), str):
+            print(f"warning: {run['damaged']}; that run is left out", file=sys.stderr)
+            continue
         try:
             part = pd.read_csv(path)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-            raise ResultsError(f"{path} is damaged ({type(err).__name__}: {str(err).splitlines()[0]})") from None
-        for column in reversed(ids):
-            part.insert(0, column, run[column])
+            print(f"warning: {path} is damaged: {type(err).__name__}: {str(err).splitlines()[0]}; that run is left out",
+                  file=sys.stderr)
+            continue
+        # a run column the file also has (the `client` group beside weights.csv's client ids) becomes <name>_choice
+        named = [f"{c}_choice" if c in part.columns else c for c in ids]
+        for column, name in reversed(list(zip(ids, named))):
+            part.insert(0, name, run[column])
         parts.append(part)
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=ids)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=named)
 
 
 def load_curves(folder: str | Path) -> pd.DataFrame:
@@ -192,10 +207,12 @@ def load_curves(folder: str | Path) -> pd.DataFrame:
 
 
 def load_weights(folder: str | Path) -> pd.DataFrame:
-    """Every run's weights.csv (round, client, weight, num_samples, ...) led by the run's columns."""
+    """Every run's weights.csv (round, client, weight, num_samples, ...) led by the run's columns (the `client`
+    group's choice as `client_choice`: `client` is the client's id)."""
     return _long(folder, "weights.csv")
 
 
 def load_clients(folder: str | Path) -> pd.DataFrame:
-    """Every run's clients.csv (per-client accuracy at each evaluated round) led by the run's columns."""
+    """Every run's clients.csv (per-client accuracy at each evaluated round) led by the run's columns (the
+    `client` group's choice as `client_choice`)."""
     return _long(folder, "clients.csv")
