@@ -33,9 +33,13 @@ def test_last_k_is_the_mean_of_the_last_k_evaluated_rounds_and_every_header_stat
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].startswith("Metric: best_test_acc (best: the highest test accuracy over the evaluated rounds; the "
                                "round is selected on the test set itself (test-set selection)")
-    assert table_main([str(sweep)]) == 0
+    assert table_main([str(sweep), "--metric", "final"]) == 0
     assert capsys.readouterr().out.splitlines()[2] == (
         "Metric: final_test_acc (final: the test accuracy of the model after the last round).")
+    assert table_main([str(sweep)]) == 0  # the default: last_k, the comparison's test metric, said in the header
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("Metric: last_k_test_acc (last_k: the mean test accuracy over the last k = 3 evaluated")
+    assert "| FedAvg | 50.00 ± 14.14 |" in lines or "| fedavg | 50.00 ± 14.14 |" in lines
     assert load_sweep(sweep)["last_k_test_acc"].tolist() == pytest.approx([0.4, 0.6])
 
 
@@ -77,5 +81,5 @@ def test_jains_index_and_the_best_minus_worst_ten_percent_gap_by_hand(tmp_path, 
     assert "| fedavg | 0.774 ± 0.084 |" in out and "Jain's index (Σa)² / (n Σa²)" in out
     assert table_main([str(sweep), "--metric", "gap10"]) == 0
     assert "| fedavg | 75.00 ± 21.21 |" in capsys.readouterr().out  # percentage points
-    assert table_main([str(sweep)]) == 0
+    assert table_main([str(sweep), "--metric", "final"]) == 0
     assert "`--metric final_client_acc_mean` shows the mean of the per-client accuracies" in capsys.readouterr().out

@@ -50,7 +50,7 @@ def test_runs_of_other_settings_pooled_as_seeds_are_refused_naming_the_setting(t
     monkeypatch.undo()
     assert report.main([str(sweep), "--wandb-mode", "disabled"]) == 0
     page = (sweep / "report.html").read_text()
-    assert "<tr><th>aggregator</th><th>digits dropout</th><th>digits none</th></tr>" in page
+    assert "<tr><th>Method</th><th>digits dropout</th><th>digits none</th></tr>" in page
     assert "<tr><td>median</td><td>56.65 ± 0.92</td><td>54.65 ± 0.92</td></tr>" in page
     capsys.readouterr()
     # a copy of a run: two completed runs of one seed in a cell
@@ -102,7 +102,8 @@ def test_a_damaged_summary_is_named_by_the_plot_and_the_report(tmp_path, capsys)
 def test_running_and_killed_jobs_are_named_never_drawn_or_pooled(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     for seed in (0, 1):
-        fake_run(sweep / str(seed), seed=seed, acc=0.5 + 0.1 * seed, metrics=[{"round": 1, "test_acc": 0.5}])
+        fake_run(sweep / str(seed), seed=seed, acc=0.5 + 0.1 * seed,
+                 metrics=[{"round": r, "test_acc": 0.5 + 0.1 * seed * (r == 3)} for r in (1, 2, 3)])
     unfinished_run(sweep / "2", pid=dead_pid(), checkpoint=True)
     unfinished_run(sweep / "3", pid=os.getpid(), checkpoint=False)
     (sweep / "3" / "metrics.csv").write_text("round,test_acc\n1,0.4\n")

@@ -85,10 +85,10 @@ def test_make_table_baseline_section(tmp_path):
         results[("noisy", alpha)] = dict(enumerate(base + rng.normal(0, 0.02, 4)))
     del results[("noisy", 1.0)][3]  # three pairs there
     write_runs(tmp_path, results)
-    assert make_table.main([str(tmp_path), "--columns", "partition.alpha", "--baseline", "fedavg"]) == 0
+    assert make_table.main([str(tmp_path), "--columns", "partition.alpha", "--baseline", "fedavg", "--metric", "final"]) == 0
     text = (tmp_path / "table.md").read_text()
     assert "(—" not in text  # no published numbers: no empty paper parts
-    cells = {(r["aggregator"], r["partition.alpha"]): r for r in csv.DictReader(open(tmp_path / "table.csv"))}
+    cells = {(r["method"], r["partition.alpha"]): r for r in csv.DictReader(open(tmp_path / "table.csv"))}
     for alpha in ("0.1", "0.5", "1"):
         better = cells[("better", alpha)]
         seeds = results[("better", float(alpha))]
@@ -101,4 +101,4 @@ def test_make_table_baseline_section(tmp_path):
     assert "paired t interval for fewer than 6 pairs" in text and "used here: paired t" in text
     assert "| better | 1.00 |" in text  # first in every column
     assert "Friedman test over 3 columns" in text and (tmp_path / "cd_diagram.png").stat().st_size > 1000
-    assert make_table.main([str(tmp_path), "--columns", "partition.alpha", "--baseline", "fedprox"]) == 2
+    assert make_table.main([str(tmp_path), "--columns", "partition.alpha", "--baseline", "fedprox", "--metric", "final"]) == 2

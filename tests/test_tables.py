@@ -174,7 +174,7 @@ def test_make_table_works_on_plain_sweeps_with_keys_given_on_the_command_line(tm
         (run / "summary.json").write_text(json.dumps(summary))
     make_table.main([str(runs), "--metric", "best_test_acc"])
     out = capsys.readouterr().out
-    assert "| aggregator | digits |" in out and "| fedadp | 60.00 |" in out  # no published numbers: no (—)
+    assert "| Method | digits |" in out and "| fedadp | 60.00 |" in out  # no published numbers: no (—)
 
 
 def curve_rows(acc0: float) -> list[dict]:

@@ -63,6 +63,13 @@ def complete_columns(table: dict[str, dict]) -> list:
     return sorted(shared, key=str)
 
 
+def rank_definition(blocks: str) -> str:
+    """The one definition of an average rank, said the same way wherever a rank is shown."""
+    return (f"Average rank: in each {blocks}, every method's mean over seeds is ranked (1 = best; tied methods "
+            f"share the mean of their ranks), and the ranks are averaged over the {blocks}s in which every method "
+            "has a value.")
+
+
 def average_ranks(table: dict[str, dict], higher_is_better: bool = True) -> tuple[dict[str, float], int]:
     """Each method's rank (1 = best, ties averaged) averaged over the columns every method has; and that count."""
     methods, columns = list(table), complete_columns(table)

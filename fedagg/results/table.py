@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedagg.results import checks, derived, render
+from fedagg.results import checks, comparison, derived, integrity, render
 from fedagg.results.groups import GROUPS
 from fedagg.results.paper import load_paper, paper_cell, read_paper  # noqa: F401  (read_paper: used by tests)
 from fedagg.results.runs import ResultsError, read_runs
@@ -50,16 +50,21 @@ def table_spec(runs: list[dict], args) -> dict:
         spec["rows"] = args.rows
     if args.columns:
         spec["columns"] = args.columns
-    spec.setdefault("rows", ["aggregator"])
+    spec.setdefault("rows", [METHOD])
     spec.setdefault("columns", ["dataset"])
     keys = dict(spec.get("keys") or {})
     for name in [*spec["rows"], *spec["columns"]]:
-        keys.setdefault(name, f"choices.{name}" if name in GROUPS else f"config.{name}")
+        keys.setdefault(name, name if name in RUN_KEYS else f"choices.{name}" if name in GROUPS else f"config.{name}")
+    labels = dict(spec.get("labels") or {})
+    labels["tuning"] = {"tuned": "Tuned", "defaults": "Defaults", **(labels.get("tuning") or {})}
+    labels[METHOD] = {**{r.get(METHOD): r.get("method_name") for r in runs if r.get("method_name")},
+                      **(labels.get(METHOD) or {})}  # the table's own labels first, then the methods' YAML names
+    spec["labels"] = labels
     for item in args.key or []:
         name, _, path = item.partition("=")
         keys[name] = path
     spec["keys"] = keys
-    metric = args.metric or spec.get("metric", "final_test_acc")
+    metric = args.metric or spec.get("metric", DEFAULT_METRIC)
     own = spec.get("metric")
     spec["metric"] = METRIC_NAMES.get(metric, metric)
     if own and spec["metric"] != own and not (spec.get("percent") and checks.is_accuracy(spec["metric"])):
@@ -79,6 +84,9 @@ def table_spec_metric(runs: list[dict]) -> str | None:
     return specs[0].get("metric") if specs else None
 
 
+METHOD = "method"  # summary.json's method id (fedagg.results.groups.method_of): the rows unless a table says otherwise
+RUN_KEYS = (METHOD, "tuning")  # cell keys read from the run itself, not from its choices or config
+DEFAULT_METRIC = derived.LAST_K  # the comparison's test metric too: one definition unless --metric or the table names another
 METRIC_NAMES = {"final": "final_test_acc", "best": "best_test_acc", "last_k": derived.LAST_K,  # --metric final|...
                 "jain": derived.JAIN, "gap10": derived.GAP}
 
@@ -112,9 +120,16 @@ def measure(runs: list[dict], spec: dict) -> dict:
     return out
 
 
-def ordered(keys_seen: list[tuple], paper_keys: list[tuple]) -> list[tuple]:
-    order = list(dict.fromkeys(paper_keys))
-    return order + sorted(k for k in dict.fromkeys(keys_seen) if k not in order)
+def ordered(keys_seen: list[tuple], paper_keys: list[tuple], names: list[str] = (), order: dict | None = None) -> list[tuple]:
+    """The paper's cells in its order, then the others: by `order` (key -> its values in order: the comparison's
+    methods, tuned before defaults) where given, else sorted."""
+    first, order = list(dict.fromkeys(paper_keys)), order or {}
+
+    def place(key: tuple) -> tuple:
+        return tuple((order.get(n, []).index(v) if v in order.get(n, []) else len(order.get(n, [])), v)
+                     for n, v in zip(names, key))
+
+    return first + sorted((k for k in dict.fromkeys(keys_seen) if k not in first), key=place)
 
 
 def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[render.Block, list[dict], set, dict]:
@@ -127,8 +142,8 @@ def build(runs: list[dict], spec: dict, measured_only: bool = False) -> tuple[re
     paper = {tuple(key_text(p.get(k)) for k in [*rows_k, *cols_k]): p for p in load_paper(spec)}
     spec["has_paper"] = bool(paper)
     split = lambda cell: (cell[: len(rows_k)], cell[len(rows_k):])  # noqa: E731
-    rows = ordered([split(c)[0] for c in cells], [split(c)[0] for c in paper])
-    cols = ordered([split(c)[1] for c in cells], [split(c)[1] for c in paper])
+    rows = ordered([split(c)[0] for c in cells], [split(c)[0] for c in paper], rows_k, spec.get("order"))
+    cols = ordered([split(c)[1] for c in cells], [split(c)[1] for c in paper], cols_k, spec.get("order"))
     if measured_only:  # a partly run table: only the rows and columns that have runs
         rows = [r for r in rows if any(r + c in cells for c in cols)]
         cols = [c for c in cols if any(r + c in cells for r in rows)]
@@ -210,17 +225,29 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
     `baseline` when given (the CD diagram is written into folder); metric last_k averages the last `last_k` evaluated
     rounds (default ⌈R/10⌉). ResultsError: one line saying why not."""
     folder = Path(folder)
-    found = read_runs(folder) if runs is None else runs
-    runs = [run for run in found if run.get("_has_summary", True)]
+    compared = runs is None and comparison.is_comparison(folder)  # its confirm runs, tuned and defaults side by side
+    found = comparison.confirm_runs(folder) if compared else read_runs(folder) if runs is None else runs
+    runs = integrity.sound([run for run in found if run.get("_has_summary", True)])
     unfinished = [run for run in found if not run.get("_has_summary", True)]  # running, or killed
     if not runs:
-        raise ResultsError(f"no summary.json below {folder}")
+        raise ResultsError(f"no summary.json below {folder}" + (" confirm/" if compared else ""))
+    if compared:
+        columns = columns or [*comparison.setting_columns(runs), comparison.TUNING]
+        baseline = baseline or comparison.baseline(folder)
     args = argparse.Namespace(rows=rows, columns=columns, metric=metric, paper=paper,
                               key=[f"{k}={v}" for k, v in (keys or {}).items()])
-    shown = metric or table_spec_metric(runs)  # --metric, else the table's own (table.metric)
+    if last_k is not None and (isinstance(last_k, bool) or not isinstance(last_k, int) or last_k < 1):
+        raise ResultsError(f"--last-k {last_k} is not allowed; it must be an integer >= 1 (evaluated rounds averaged)")
+    shown = metric or table_spec_metric(runs) or DEFAULT_METRIC  # --metric, else the table's own (table.metric)
     if METRIC_NAMES.get(shown, shown) in derived.DERIVED:  # computed from the runs' CSV files
         runs = [derived.add_derived(run, last_k) for run in runs]
     spec = table_spec(runs, args)
+    spec["order"] = {comparison.TUNING: ["tuned", "defaults"], **(spec.get("order") or {})}
+    methods = comparison.methods(folder) if compared else []
+    if methods or baseline:
+        spec["order"].setdefault(METHOD, methods or [baseline])  # the comparison's order; else the baseline first
+    if spec["rows"] == [METHOD]:
+        spec.setdefault("row_header", "Method")
     checks.check_keys(runs, spec, {**{n: "--rows" for n in rows or []}, **{n: "--columns" for n in columns or []},
                                    **{n: "--key" for n in keys or {}}})
     checks.check_metric(runs, spec, metric)
@@ -235,7 +262,11 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
             record.update(diff_to_baseline=diff and diff.mean, ci_low=diff and diff.low, ci_high=diff and diff.high,
                           n_pairs=diff and diff.n, interval=diff and diff.interval,
                           excludes_zero=diff and diff.excludes_zero)
-    title = render.heading(f"{spec.get('name', folder.name)}: {spec.get('caption', spec['metric'])}", 3)
+    if compared and not spec.get("caption"):
+        setting = comparison.setting_text(folder)
+        spec["caption"] = "Fair comparison, tuned and at defaults" + (f" ({setting})" if setting else "")
+    spec.setdefault("name", folder.resolve().name)
+    title = render.heading(f"{spec['name']}: {spec.get('caption', spec['metric'])}", 3)
     source = [render.text(f"Paper: {spec['source']}")] if spec.get("source") else []
     shown = ["Only the rows and columns with runs are shown (--measured-only)."] if measured_only else []
     stated = [derived.convention(spec["metric"], runs)]
