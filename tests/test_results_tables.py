@@ -32,30 +32,31 @@ def two_method_sweep(folder, accs=None):
 
 
 def test_a_table_is_data_and_every_rendering_shows_the_same_cells(tmp_path):
-    from fedagg.results.render import latex_escape
     from fedagg.results.table import build_table
 
     table = build_table(two_method_sweep(tmp_path / "sweep"), baseline="fedavg")
     grid = table.grids()[0]
-    assert list(grid.columns) == ["aggregator", "digits"]
+    assert list(grid.columns) == ["Method", "digits"]
     assert grid.values.tolist() == [["fedavg", "91.00 ± 1.41"], ["fedprox", "93.00 ± 2.83"]]
-    cells = table.cells.set_index("aggregator")
+    cells = table.cells.set_index("method")
     assert cells.loc["fedprox", "mean"] == pytest.approx(93.0) and cells.loc["fedprox", "n_pairs"] == 2
     assert cells.loc["fedprox", "diff_to_baseline"] == pytest.approx(2.0)  # (1 + 3) / 2
-    latex = table.to_latex()
-    assert latex.count(r"\toprule") == latex.count(r"\midrule") == latex.count(r"\bottomrule") == len(table.grids())
-    first = latex.split(r"\bottomrule")[0]
-    assert r"aggregator & digits \\" in first
-    for row in grid.values.tolist():
-        assert " & ".join(latex_escape(v) for v in row) + r" \\" in first
-    assert r"fedprox & 93.00 $\pm$ 2.83 \\" in first
+    latex = table.to_latex()  # one table a paper includes: mean ± sd, Δ to the baseline with its interval, best bold
+    assert latex.count(r"\begin{table}") == latex.count("\n\\toprule") == latex.count("\n\\bottomrule") == 1
+    assert latex.startswith(r"% Needs \usepackage{booktabs}") and r"\label{tab:sweep}" in latex
+    ci = table.cells.set_index("method").loc["fedprox"]
+    assert (rf"fedprox & \textbf{{93.00 $\pm$ 2.83}} & +2.00 [{ci['ci_low']:+.2f}, {ci['ci_high']:+.2f}] \\"
+            .replace("-", "$-$") in latex)
+    assert r"fedavg & 91.00 $\pm$ 1.41 & --- \\" in latex
+    assert r"Method & Accuracy (\%) & $\Delta$ [95\% CI] \\" in latex
+    assert "over 2 seeds" in latex and "paired difference to fedavg" in latex and "**" not in latex
     html = table.to_html()
     assert "<tr><td>fedprox</td><td>93.00 ± 2.83</td></tr>" in html and "<h5>Paired difference to fedavg</h5>" in html
     markdown = table.to_markdown()
     assert "| fedprox | 93.00 ± 2.83 |" in markdown and "| fedprox | +2.00 (1 pair)" not in markdown
     assert "| fedprox | +2.00 [" in markdown
     csv_lines = table.to_csv().splitlines()
-    assert csv_lines[0].startswith("aggregator,dataset,n_runs,n_completed,n_diverged,n_other,mean,std,seeds,")
+    assert csv_lines[0].startswith("method,dataset,n_runs,n_completed,n_diverged,n_other,mean,std,seeds,")
     assert csv_lines[2].startswith("fedprox,digits,2,2,0,0,93.0,2.828427,0 1,")
 
 

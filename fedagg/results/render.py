@@ -60,13 +60,18 @@ class Table:
         return out.getvalue()
 
     def to_latex(self) -> str:
-        """Each grid as a booktabs tabular; headings and paragraphs as LaTeX comments above it."""
+        """A built table: the one LaTeX table a paper includes (fedagg.results.latex). Other blocks (the paired
+        statistics alone): each grid as a booktabs tabular, headings and paragraphs as LaTeX comments above it."""
+        from fedagg.results.latex import paper_latex, plain
+
+        if self.spec.get("rows") and self.layout.get("rows") is not None:
+            return paper_latex(self)
         out = []
         for block in self.blocks:
             if block.kind == "grid":
                 out.append(_latex(block.grid))
             else:
-                out.append("\n".join(f"% {line}" for line in block.text.splitlines()))
+                out.append("\n".join(f"% {line}" for line in plain(block.text).splitlines()))
         return "\n\n".join(out) + "\n"
 
     def to_html(self) -> str:
@@ -112,7 +117,8 @@ def _html(block: Block) -> str:
 
 LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
                  "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
-                 "±": r"$\pm$", "×": r"$\times$", "—": "---", "†": r"$^\dagger$", "−": "$-$", "²": r"$^2$"}
+                 "±": r"$\pm$", "×": r"$\times$", "—": "---", "†": r"$^\dagger$", "−": "$-$", "²": r"$^2$",
+                 "Δ": r"$\Delta$", "≤": r"$\leq$", "≥": r"$\geq$", "⌈": r"$\lceil$", "⌉": r"$\rceil$"}
 
 
 def latex_escape(value) -> str:
