@@ -51,7 +51,7 @@ def test_report_of_a_two_method_two_seed_sweep(tmp_path):
         assert by_title[title]["images"] == 1, title
     assert by_title["Paired statistics against fedavg"]["images"] >= 1
     run_text = by_title["What was run"]["text"]
-    assert "variesvaluesseed0, 1aggregatorfedavg, idarowaggregatorits settingsfedavgFedAvg" in run_text
+    assert "variesvaluesseed0, 1methodfedavg, idaMethodaggregatorits settingsFedAvgFedAvgweighting=\"samples\"" in run_text
     assert "config.aggregator" not in run_text.split("settings every run shares")[0]  # hyperparameters are no axis
     assert "The partition of seed 0 (run 0); every run with the same seed" in by_title["Partition"]["text"]
     # the table's values are make_table's, computed from the same runs
@@ -59,7 +59,7 @@ def test_report_of_a_two_method_two_seed_sweep(tmp_path):
     cells = list(csv.DictReader(open(sweep / "table.csv")))
     for cell in cells:
         assert cell["measured_text"] in by_title["Table"]["text"]
-    assert "Paired difference to fedavg" in by_title["Paired statistics against fedavg"]["text"]
+    assert "Paired difference to FedAvg" in by_title["Paired statistics against fedavg"]["text"]
 
 
 def test_shared_settings_are_those_every_run_has_with_one_value():

@@ -30,9 +30,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
-from fedagg.results import wandb_log  # noqa: E402
+from fedagg.results import comparison, integrity, wandb_log  # noqa: E402
 from fedagg.results.checks import NOT_SETTINGS  # noqa: E402
 from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
 from fedagg.results.runs import ResultsError, find_run_dirs, overrides_of, read_run, sweep_frame  # noqa: E402
@@ -56,10 +56,17 @@ def load_run(run: dict) -> dict:
             "weights": read_csv(run_dir / "weights.csv")}
 
 
+def found_runs(path: Path) -> list[dict]:
+    """The runs a plot of `path` shows: a comparison's confirm runs (tuned and defaults), else every run below it."""
+    return comparison.confirm_runs(path) if comparison.is_comparison(path) else [read_run(d, path) for d in find_run_dirs([path])]
+
+
 def finished_runs(paths: list[Path]) -> tuple[list[dict], list[dict]]:
-    """(the runs below paths that wrote a summary.json, loaded; those that did not: running or killed)."""
-    found = [read_run(d, Path(path)) for path in paths for d in find_run_dirs([path])]
-    return [load_run(r) for r in found if r["_has_summary"]], [r for r in found if not r["_has_summary"]]
+    """(the runs below paths that wrote a summary.json and whose files are sound, loaded; those that did not
+    write one: running or killed). A damaged file is named in one warning line and its run left out."""
+    found = [run for path in paths for run in found_runs(Path(path))]
+    finished = integrity.sound([r for r in found if r["_has_summary"]])
+    return [load_run(r) for r in finished], [r for r in found if not r["_has_summary"]]
 
 
 def unfinished_note(unfinished: list[dict]) -> str:
@@ -67,20 +74,31 @@ def unfinished_note(unfinished: list[dict]) -> str:
     return (f"{len(unfinished)} run(s) without a summary.json left out: {listed}{' …' if len(unfinished) > 10 else ''}")
 
 
+METHOD_KEYS = ("method", "method_name", "aggregator", "client/objective", "seed")  # what a line is, not a panel
+
+
 def sweep_axes(runs: list[dict]) -> list[str]:
-    """The settings a plain sweep varies besides the aggregator and the seed (group choices, overridden keys):
-    each value gets its own panel (and table column), so that no line pools runs of different settings."""
+    """The settings a plain sweep varies besides the method and the seed (group choices, overridden keys,
+    a comparison's tuned/defaults): each value gets its own panel (and table column), so that no line pools
+    runs of different settings. A key that takes one value per method (a method's tuned client rate) belongs
+    to the method: its line, not a panel of its own."""
     summaries = [run["summary"] for run in runs if not isinstance(lookup(run["summary"], "config.table"), dict)]
     if not summaries:
         return []
     frame = sweep_frame(summaries)
-    candidates = [g for g in RECORDED_CHOICES if g in frame] + frame.attrs["varying"]
-    return [c for c in dict.fromkeys(candidates)
-            if c not in ("aggregator", "seed") and not c.startswith(NOT_SETTINGS) and frame[c].nunique() > 1]
+    if comparison.TUNING in summaries[0]:
+        frame[comparison.TUNING] = [s.get(comparison.TUNING) for s in summaries]
+    candidates = [g for g in RECORDED_CHOICES if g in frame] + frame.attrs["varying"] + [comparison.TUNING]
+    axes = [c for c in dict.fromkeys(candidates) if c in frame and c not in METHOD_KEYS
+            and not c.startswith(NOT_SETTINGS) and frame[c].astype(str).nunique() > 1]
+    per_method = frame.groupby("method", dropna=False)
+    return [c for c in axes if not (per_method[c].apply(lambda v: v.astype(str).nunique()) <= 1).all()]
 
 
 def axis_value(summary: dict, axis: str):
     choices = summary.get("choices") or {}
+    if axis in summary and axis not in choices:  # a comparison's `tuning`
+        return summary[axis]
     return choices.get(axis) if axis in choices else overrides_of(summary).get(axis)
 
 
@@ -100,8 +118,10 @@ def describe(run: dict, axes: list[str] = ()) -> tuple[str, str]:
 
     if spec.get("rows"):
         return text(spec.get("columns") or []), text(spec["rows"])
-    agg = lookup(s, "choices.aggregator") or lookup(s, "config.aggregator._target_") or "?"
-    return " ".join(f"{a}={key_text(axis_value(s, a))}" for a in axes), str(agg).rsplit(".", 1)[-1]
+    method = s.get("method_name") or s.get("method") or lookup(s, "config.aggregator._target_") or "?"
+    panel = " ".join(str(axis_value(s, a)).capitalize() if a == comparison.TUNING else f"{a}={key_text(axis_value(s, a))}"
+                     for a in axes)
+    return panel, str(method).rsplit(".", 1)[-1]
 
 
 def series(runs: list[dict], column: str, scale: float = 1.0) -> tuple[list[int], list[float], list[float]]:
@@ -196,7 +216,7 @@ def plot_accuracy_by_bits(groups: dict, out: Path) -> Path | None:
                 if xs:
                     ax.plot(xs, ys, "-", color=colors[line], label=line, linewidth=1.4,
                             marker="o" if len(xs) <= 25 else None, markersize=3)
-            ax.set_xscale("log")  # methods that compress send orders of magnitude less
+            log_axis(ax)  # methods that compress send orders of magnitude less
             ax.set_title(panel or out.name, fontsize=10)
             ax.set_xlabel(f"{xlabel} (log scale)")
             ax.set_ylabel("test accuracy (%)")
@@ -207,6 +227,67 @@ def plot_accuracy_by_bits(groups: dict, out: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# what a comparison's figure puts accuracy against: rounds always; bits and simulated time where the runs recorded them
+FIGURE_AXES = (("round", "round"), ("bits_up_total", "cumulative bits uploaded (log scale)"),
+               ("sim_time", "simulated time"))
+
+
+def curve_against(runs: list[dict], x: str) -> tuple[list[float], list[float], list[float]]:
+    """(mean x, mean and std of the test accuracy in %) at each round every run evaluated."""
+    per_round = defaultdict(list)
+    for run in runs:
+        for row in run["metrics"]:
+            acc, r, at = number(row.get("test_acc")), number(row.get("round")), number(row.get(x))
+            if acc is not None and r is not None and at is not None:
+                per_round[int(r)].append((at, 100.0 * acc))
+    rounds = [r for r in sorted(per_round) if len(per_round[r]) == len(runs)]
+    xs = [sum(a for a, _ in per_round[r]) / len(runs) for r in rounds]
+    means = [sum(v for _, v in per_round[r]) / len(runs) for r in rounds]
+    stds = [math.sqrt(sum((v - m) ** 2 for _, v in per_round[r]) / max(len(runs) - 1, 1)) for r, m in zip(rounds, means)]
+    return xs, means, stds
+
+
+def plot_methods(lines: dict[str, list[dict]], out: Path, stem: str = "methods") -> list[Path]:
+    """A paper's figure: every method's mean test accuracy (band: ±sd over seeds) on one axis against rounds,
+    and against bits uploaded when methods send different amounts, and simulated time when recorded.
+    Written as PDF (for LaTeX) and PNG."""
+    curves = {x: {m: curve_against(runs, x) for m, runs in lines.items()} for x, _ in FIGURE_AXES}
+    shown = [(x, words) for x, words in FIGURE_AXES if any(c[0] for c in curves[x].values())]
+    if "bits_up_total" in dict(shown):  # only when the methods differ in what they send
+        finals = {round(c[0][-1]) for c in curves["bits_up_total"].values() if c[0]}
+        shown = [(x, w) for x, w in shown if x != "bits_up_total" or len(finals) > 1]
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.6 * len(shown), 3.4), squeeze=False)
+    for ax, (x, words) in zip(axes[0], shown):
+        for i, (method, (xs, mean, std)) in enumerate(curves[x].items()):
+            color = f"C{i % 10}"
+            ax.plot(xs, mean, color=color, label=method, linewidth=1.5)
+            ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                            color=color, alpha=0.18, linewidth=0)
+        if x == "bits_up_total":
+            log_axis(ax)
+        elif x == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(words)
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+    seeds = sorted({len(runs) for runs in lines.values()})
+    axes[0][0].legend(fontsize=8, title=f"mean ± sd over {'/'.join(map(str, seeds))} seeds", title_fontsize=7)
+    fig.tight_layout()
+    paths = [out / f"{stem}.pdf", out / f"{stem}.png"]
+    for path in paths:
+        fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def log_axis(ax) -> None:
+    """A log x axis whose labels never overlap: decades labelled, minor ticks unlabelled, labels slanted."""
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, numticks=6))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="x", labelrotation=30)
 
 
 def column_name(column: str) -> str:
@@ -247,6 +328,20 @@ def plot_weights(runs: list[dict], out: Path, limit: int, axes: list[str] = ()) 
     return path
 
 
+def comparison_figure(folder: Path, out: Path | None = None) -> list[Path]:
+    """methods.pdf and methods.png of a comparison folder (its tuned confirm runs, in the comparison's method
+    order); none when no tuned run finished."""
+    order = comparison.methods(folder)
+    runs = [load_run(r) for r in integrity.sound([r for r in comparison.confirm_runs(folder)
+                                                  if r["_has_summary"] and r.get(comparison.TUNING) == "tuned"])]
+    runs.sort(key=lambda r: order.index(r["summary"].get("method")) if r["summary"].get("method") in order else len(order))
+    lines: dict[str, list] = defaultdict(list)
+    for run in runs:
+        if run["metrics"]:
+            lines[describe(run)[1]].append(run)
+    return plot_methods(lines, out or folder) if lines else []
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="run folders or folders with runs below them")
@@ -282,6 +377,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     by_bits = plot_accuracy_by_bits(groups, out)
     if by_bits is not None:  # runs from before metrics.csv counted bits have none to draw
         images.append(by_bits)
+    if len(args.paths) == 1 and comparison.is_comparison(args.paths[0]):  # its figure: the tuned methods on one axis
+        images += comparison_figure(args.paths[0], out)
     for path in images:
         print(path)
     wandb_log.log_to_wandb(runs, out, args.wandb_mode, "plots", lambda wandb: {p.stem: wandb.Image(str(p)) for p in images})

@@ -3,7 +3,8 @@
     python -m fedagg.results report outputs/multirun/2025-01-01/12-00-00 [--baseline fedavg]
 
 Reads the runs' files below the folder (summary.json, metrics.csv, weights.csv,
-clients.csv, partition.png) and writes `report.html` beside them, every image embedded,
+clients.csv, partition.png) and writes `report.html` beside them (`results_report.html` in a comparison's
+folder, whose report.html is the comparison's own), every image embedded,
 so it opens in a browser with no server and no network: the settings that vary across the
 runs and those they share; the table (next to the paper's numbers when the runs belong to
 a table experiment); test accuracy per round with a band over seeds; test accuracy
@@ -32,7 +33,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fedagg.results import plots as plot, render, stats, table as make_table, wandb_log  # noqa: E402
+from fedagg.results import comparison, plots as plot, render, stats, table as make_table, wandb_log  # noqa: E402
 from fedagg.results.paired import seed_values  # noqa: E402
 from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
 from fedagg.results.runs import ResultsError, flatten, natural, sweep_frame  # noqa: E402
@@ -55,7 +56,9 @@ def what_was_run(runs: list[dict], unfinished: list[dict], table, folder: Path) 
     """The sweep's axes (the group choices, overrides and seeds that vary), each method with its settings, the
     settings every run shares, and the runs left out."""
     frame = sweep_frame([run["summary"] for run in runs])
-    axes = ["seed", *(g for g in RECORDED_CHOICES if g in frame), *frame.attrs["varying"]]
+    method_keys = ("aggregator", "client/objective")  # what `method` names: one axis, not three
+    axes = ["seed", "method", *(g for g in RECORDED_CHOICES if g in frame and g not in method_keys),
+            *(k for k in frame.attrs["varying"] if k not in method_keys)]
     varying = {c: sorted({make_table.key_text(v) for v in frame[c]}, key=natural) for c in dict.fromkeys(axes)}
     rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(', '.join(v))}</td></tr>"
                    for k, v in varying.items() if len(v) > 1)
@@ -80,13 +83,14 @@ def methods(table) -> str:
             continue
         target = {str(s.get("_target_", "")).rsplit(".", 1)[-1] for s in settings}
         parts = []
-        for key in dict.fromkeys(k for s in settings for k in s if k != "_target_"):
+        for key in dict.fromkeys(k for s in settings for k in s if k not in ("_target_", "display_name")):
             values = sorted({json.dumps(s.get(key), default=str) for s in settings})
             parts.append(f"{key}={values[0]}" if len(values) == 1 else f"{key} varies ({', '.join(values)})")
         name = " ".join(make_table.label(spec, k, v) for k, v in zip(spec["rows"], row))
         lines.append(f"<tr><td>{html.escape(name)}</td><td><code>{html.escape(', '.join(sorted(target)))}</code></td>"
                      f"<td>{html.escape('; '.join(parts) or '(none)')}</td></tr>")
-    return f"<table><tr><th>row</th><th>aggregator</th><th>its settings</th></tr>{''.join(lines)}</table>"
+    head = html.escape(spec.get("row_header") or "row")
+    return f"<table><tr><th>{head}</th><th>aggregator</th><th>its settings</th></tr>{''.join(lines)}</table>"
 
 
 def image(path: Path, alt: str) -> str:
@@ -156,8 +160,8 @@ def build_report(folder: Path, baseline: str | None, work: Path, rows: list[str]
         columns = list(dict.fromkeys(["dataset", *axes]))
     layout = make_table.build_table(folder, runs=summaries + unfinished, rows=rows, columns=columns).layout
     names = {r: " ".join(r) for r in layout["rows"]}
-    if baseline is None and any(n == "fedavg" for n in names.values()):
-        baseline = "fedavg"
+    if baseline is None:
+        baseline = comparison.baseline(folder) or ("fedavg" if "fedavg" in names.values() else None)
     paired_on = baseline if baseline and len(layout["rows"]) > 1 else None
     table = make_table.build_table(work, runs=summaries + unfinished, baseline=paired_on, rows=rows, columns=columns)  # the CD diagram goes to work
     spec = table.spec
@@ -250,9 +254,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         except ValueError as err:
             print(err, file=sys.stderr)
             return 2
-    out = args.folder / "report.html"
+    out = args.folder / ("results_report.html" if comparison.is_comparison(args.folder) else "report.html")
     out.write_text(page)
     print(out)
+    if out.name != "report.html":
+        print("(its report.html is the comparison's own, with its tuning: left as it is)", file=sys.stderr)
     wandb_log.log_to_wandb(runs, args.folder, args.wandb_mode, "report", wandb_items(page, table), wandb_artifact(out, table))
     return 0
 
