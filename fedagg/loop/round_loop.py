@@ -231,6 +231,7 @@ class RoundLoop:
 
     def finish(self, elapsed: float) -> None:
         self.summary["wall_time_s"] = round(elapsed, 3)
+        self.summary["finished_at"] = round(time.time(), 3)  # with wall_time_s: when it ran, for the time spent
         if self.summary["status"] in ("completed", "interrupted"):
             save_checkpoint(self.run_dir, self.state(elapsed))
         set_params(self.fed.model, self.params)
