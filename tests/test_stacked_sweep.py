@@ -22,7 +22,7 @@ from conftest import ROOT
 JOBS = ["aggregator=fedavg,scaffold", "seed=0,1,2"]
 COMMON = ["engine=parallel", "rounds=4", "checkpoint_every=1", "resume=true", "system=stragglers",
           "clients_per_round=6", "client.momentum=0.9", "client.keep_optimizer_state=true", "device=cpu"]
-VARIABLE = {"elapsed_s", "wall_time_s"}  # wall-clock figures
+VARIABLE = {"elapsed_s", "wall_time_s", "finished_at"}  # wall-clock figures
 
 
 def sweep(folder, *extra, launcher="stacked", wait=True):
