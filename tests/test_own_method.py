@@ -71,6 +71,7 @@ def test_the_readme_example_runs_from_its_own_folder(own_folder):
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((own_folder / "run" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["choices"]["aggregator"] == "my_rule"
+    assert (summary["method"], summary["method_name"]) == ("my_rule", "Diversity")  # the YAML's display_name
     check_weights(own_folder / "run")
 
 
