@@ -87,6 +87,8 @@ def test_the_table_shows_each_method_by_its_name_with_its_last_k_mean(basic, cap
     assert table_main([str(basic), "--baseline", "FedAvg", "--format", "latex"]) == 0  # the id or the name
     latex = capsys.readouterr().out
     assert latex.count(r"\begin{table}") == 1 and "paired difference to FedAvg" in latex
+    assert table_main([str(basic), "--rows", "client/objective"]) == 0  # any group, as the command line spells it
+    assert "| fedprox | " in capsys.readouterr().out
     assert table_main([str(basic), "--last-k", "0"]) == 2
     assert capsys.readouterr().err == "--last-k 0 is not allowed; it must be an integer >= 1 (evaluated rounds averaged)\n"
 

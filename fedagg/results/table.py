@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedagg.results import checks, comparison, derived, integrity, render
-from fedagg.results.groups import GROUPS
+from fedagg.results.groups import RECORDED_CHOICES
 from fedagg.results.paper import load_paper, paper_cell, read_paper  # noqa: F401  (read_paper: used by tests)
 from fedagg.results.runs import ResultsError, read_runs
 from fedagg.results.values import CROSS, DASH, fmt, key_text, label, lookup, number  # noqa: F401  (the table's API)
@@ -54,7 +54,7 @@ def table_spec(runs: list[dict], args) -> dict:
     spec.setdefault("columns", ["dataset"])
     keys = dict(spec.get("keys") or {})
     for name in [*spec["rows"], *spec["columns"]]:
-        keys.setdefault(name, name if name in RUN_KEYS else f"choices.{name}" if name in GROUPS else f"config.{name}")
+        keys.setdefault(name, name if name in RUN_KEYS else f"choices.{name}" if name in RECORDED_CHOICES else f"config.{name}")
     labels = dict(spec.get("labels") or {})
     labels["tuning"] = {"tuned": "Tuned", "defaults": "Defaults", **(labels.get("tuning") or {})}
     labels[METHOD] = {**{r.get(METHOD): r.get("method_name") for r in runs if r.get("method_name")},
