@@ -312,8 +312,8 @@ def main(cfg: DictConfig) -> dict | None:
                   Path(hydra_cfg.runtime.output_dir) / "summary.json")
         return {"status": "failed", "error": f"{type(err).__name__}: {err}"}
     if summary["status"] == "interrupted":
-        log.warning("interrupted after round %d; resume=true with the same settings continues from its checkpoint",
-                    summary["rounds_completed"])
+        log.warning("interrupted after round %d; %s continues from its checkpoint", summary["rounds_completed"],
+                    "the same command" if cfg.resume else "resume=true with the same settings")
         if not multirun:
             sys.exit(130)  # the shell's code for an interrupt; a sweep says it at its end
     return {"status": summary["status"]}  # for the sweep's count (SweepSummary)
