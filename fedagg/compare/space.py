@@ -23,7 +23,8 @@ METHOD_GROUPS = ("aggregator", "client")  # the config subtrees whose declared r
 class Param:
     key: str  # dotted config key, e.g. "aggregator.tau"
     tune: Tune
-    default: object  # the method's YAML value
+    default: object  # the value of the method's composed config: its YAML's, or the command line's when fixed
+    fixed: bool = False  # set on the command line: not searched, every run of the method takes `default`
 
 
 def _target(path: str):
