@@ -7,8 +7,8 @@ is the command line's, and any other swept key must be fixed on the command line
 sets is fixed in every run of the method instead of searched.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: Hydra's plugin scan runs this module outside sys.modules, where a
+# dataclass cannot read string annotations
 from dataclasses import dataclass, field
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
