@@ -7,9 +7,9 @@ depend only on the trials finished before it and on its number, never on what th
 resumed protocol asks what an uninterrupted one asked. A one-dimensional float space is searched on a grid of
 exactly `budget` points through the method's default. A larger one starts with a space-filling design (scrambled
 Sobol points, the same for every method of as many dimensions), enqueued one trial at a time like the grid, then
-TPE. Freshly seeded samplers draw their first values from nearby seeds, whose first numbers lie close together
-(RandomState(0..3) all start within 0.42-0.55): left to chance, every method's first trials bunch in the middle
-of its ranges, and a small budget explores nothing.
+TPE. Left to the freshly seeded samplers, the first trials are the first draws of consecutive seeds, which may
+lie close together (RandomState(0..3), sampler_seed 0's, all start within 0.42-0.55): every method's first trials
+bunched in the middle of its ranges, and a small budget explored nothing.
 """
 
 from __future__ import annotations
