@@ -8,6 +8,7 @@ module and `fedagg/edge` (command-line messages, the sweep's callback) import Hy
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -30,7 +31,7 @@ from fedagg.edge import CONF
 from fedagg.edge.command_line import explain_composition_error
 from fedagg.edge.default_model import with_default_model
 from fedagg.edge.sweep import SweepSummary, concurrent_jobs
-from fedagg.loop.assembly import Parts, assemble
+from fedagg.loop.assembly import Parts, assemble, connect
 from fedagg.loop.checkpoints import load_checkpoint
 from fedagg.loop import interrupts, threads
 from fedagg.loop.folder import RunFolder, clear_run, held_run
@@ -228,20 +229,61 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
     return summary
 
 
-def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summary_base: dict, held: str | None):
-    """Everything that can reject the configuration, before any data is loaded; then the folder (`held`: the
-    earlier run it holds, if any); then the data, the clients and the model. Returns (federation, settings, the
-    checkpoint to resume from or None)."""
+def _checked(cfg: DictConfig, choices: dict) -> Settings:
+    """The checks of a configuration that need neither its parts nor the device: keys, types, ranges, settings."""
     check_no_ignored_choice(cfg, choices)
     check_config(cfg, GROUPS)
-    settings = settings_from(cfg)
-    device = resolve_device(cfg.device)
-    summary_base["device"] = device.type  # the random streams of a run depend on it
+    return settings_from(cfg)
+
+
+def _parts(cfg: DictConfig) -> Parts:
     parts = Parts(**{group: instantiate(cfg[group], _convert_="all") for group in GROUPS},  # plain lists and dicts
                   noise=cfg.partition.get("noise", 0.0))
     if "noise" in parts.partition.keywords:  # read by the run, which adds it to the images, not by the split
         parts.partition = functools.partial(parts.partition.func, *parts.partition.args,
                                             **{k: v for k, v in parts.partition.keywords.items() if k != "noise"})
+    return parts
+
+
+def check_run(cfg: DictConfig, parts: bool = True) -> None:
+    """Refuse (SetupError, one line) a job's configuration, composed with its `hydra` node, that its run would
+    refuse before loading any data: the checks a run makes first and, with `parts`, those of its instantiated parts
+    wired together (`connect`: a method and the client or engine it cannot run with, a validation split that holds
+    nothing out). For a caller that launches runs later and must not find out at the first one (fedagg.compare).
+    `parts=False` where the runs go to other machines: an engine's choice and checks follow the device there."""
+    hydra_config = HydraConfig.instance()
+    previous = hydra_config.cfg
+    hydra_config.set_config(cfg)  # `${hydra:runtime.choices...}` in experiment files resolves as in the job
+    try:
+        choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if k in RECORDED_CHOICES}
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        cfg, _ = with_default_model(cfg, choices)
+        OmegaConf.to_container(cfg, resolve=True)
+        settings = _checked(cfg, choices)
+        if parts and settings.num_clients is not None:  # else known only once the data is loaded
+            connect(_parts(cfg), settings)
+    except SetupError:
+        raise
+    except InterpolationKeyError as err:
+        raise SetupError(explain_missing_option(cfg, err, choices)) from None
+    except Exception as err:
+        if (user_error := _user_error(err)) is not None:
+            raise SetupError(str(user_error)) from None
+        raise
+    finally:
+        hydra_config.cfg = previous
+
+
+def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summary_base: dict, held: str | None):
+    """Everything that can reject the configuration, before any data is loaded; then the folder (`held`: the
+    earlier run it holds, if any); then the data, the clients and the model. Returns (federation, settings, the
+    checkpoint to resume from or None)."""
+    settings = _checked(cfg, choices)
+    device = resolve_device(cfg.device)
+    summary_base["device"] = device.type  # the random streams of a run depend on it
+    parts = _parts(cfg)
     parts.engine = stacking.engine_for(parts.engine)  # in a stacked sweep's group: rounds trained together
     if held is not None and cfg.overwrite:
         clear_run(run_dir)
@@ -313,8 +355,8 @@ def main(cfg: DictConfig) -> dict | None:
                   Path(hydra_cfg.runtime.output_dir) / "summary.json")
         return {"status": "failed", "error": f"{type(err).__name__}: {err}"}
     if summary["status"] == "interrupted":
-        log.warning("interrupted after round %d; resume=true with the same settings continues from its checkpoint",
-                    summary["rounds_completed"])
+        log.warning("interrupted after round %d; %s continues from its checkpoint", summary["rounds_completed"],
+                    "the same command" if cfg.resume else "resume=true with the same settings")
         if not multirun:
             sys.exit(130)  # the shell's code for an interrupt; a sweep says it at its end
     return {"status": summary["status"]}  # for the sweep's count (SweepSummary)

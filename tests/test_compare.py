@@ -5,14 +5,16 @@ import json
 import math
 from typing import Annotated
 
+import numpy as np
 import optuna
 import pytest
 from omegaconf import OmegaConf
+from scipy.stats import qmc
 
 from conftest import compose_config
 from fedagg.compare import study as studies
 from fedagg.compare.protocol import make_protocol, score, select, selection_csv
-from fedagg.compare.space import Param, grid, search_space
+from fedagg.compare.space import Param, grid, grid_default, search_space
 from fedagg.config.constraints import Range, Tune
 from fedagg.data.device import DeviceData
 from fedagg.run import train
@@ -137,17 +139,81 @@ def drive(path, space, budget, batch, kill_after=None):
             told.append((number, values, value))
 
 
-@pytest.mark.parametrize("space", [SPACE1, SPACE2], ids=["grid", "tpe"])
-def test_each_method_gets_exactly_its_budget_and_a_resumed_study_asks_the_same(tmp_path, space):
-    # in memory (SQLite costs seconds here); the kill is a new study object on the same storage, as in a new process
-    resumed_storage = optuna.storages.InMemoryStorage()
+def sobol(d, n, seed):
+    """The first n points of scipy's scrambled Sobol sequence in d dimensions for this seed (a Generator)."""
+    return qmc.Sobol(d, scramble=True, seed=np.random.default_rng(seed)).random_base2(math.ceil(math.log2(n)))[:n]
+
+
+def in_range(u, low, high):
+    """The value at share u of a log range, 6 significant digits."""
+    return float(f"{10 ** (math.log10(low) + u * (math.log10(high) - math.log10(low))):.6g}")
+
+
+@pytest.mark.parametrize("kill_after", [None, 1, 3])
+@pytest.mark.parametrize("space", [SPACE1, SPACE2], ids=["grid", "design+tpe"])
+def test_each_method_gets_exactly_its_budget_and_a_resumed_study_asks_the_same(tmp_path, space, kill_after):
+    # in memory (SQLite costs seconds here); the kill is a new study object on the same storage, as in a new process;
+    # killed after 1 or 3 told trials: inside the design's first and second wave (budget 5: a design of 4, then TPE)
     straight = drive(optuna.storages.InMemoryStorage(), space, budget=5, batch=2)
-    resumed = drive(resumed_storage, space, budget=5, batch=2, kill_after=3)
+    resumed_storage = optuna.storages.InMemoryStorage()
+    resumed = drive(resumed_storage, space, budget=5, batch=2, kill_after=kill_after)
     assert [n for n, _, _ in straight] == list(range(5))
     assert resumed == straight
     assert len(studies.finished(studies.open_study(resumed_storage, "m"))) == 5
-    if space is SPACE1:  # a line: exactly the budget's grid points, ends included
-        assert sorted(v["client.lr"] for _, v, _ in straight) == grid(space[0], 5) == [1e-3, 0.01, 0.1, 1.0, 10.0]
+    values = [v for _, v, _ in straight]
+    if space is SPACE1:  # a line: exactly the budget's grid points, shifted through the default 0.05, ends included
+        assert sorted(v["client.lr"] for v in values) == grid(space[0], 5) == [1e-3, 0.005, 0.05, 0.5, 5.0]
+    else:  # the design's 4 points (drive's seed 3), then one trial of TPE's
+        expected = [{"aggregator.tau": in_range(a, 1e-5, 0.1), "client.lr": in_range(b, 1e-3, 3.0)}
+                    for a, b in sobol(2, 4, seed=3)]
+        assert values[:4] == expected and values[4] not in expected
+
+
+def compose_space(*overrides):
+    cfg = compose_config(*overrides)
+    return search_space({g: OmegaConf.to_container(cfg[g], resolve=True) for g in ("aggregator", "client")})
+
+
+def first_trials(space, budget, n, seed=0):
+    study = studies.open_study(optuna.storages.InMemoryStorage(), "m")
+    out = []
+    while len(out) < n:
+        for number, values in studies.next_trials(study, space, budget, 1, seed):
+            studies.tell(study, number, 0.5)
+            out.append(values)
+    return out
+
+
+def test_the_one_number_grid_passes_through_the_default():
+    space = compose_space("aggregator=fedavg")
+    assert [(p.key, p.default) for p in space] == [("client.lr", 0.05)]  # conf/client/sgd.yaml
+    # evenly spaced in log10 over [-3, 0.5], shifted onto log10(0.05); the top point, pushed past 0.5, clamped
+    points = np.linspace(-3, 0.5, 4)
+    shift = math.log10(0.05) - points[np.argmin(abs(points - math.log10(0.05)))]
+    expected = [10 ** v for v in np.clip(points + shift, -3, 0.5)]
+    values = [v["client.lr"] for v in first_trials(space, budget=4, n=4)]
+    assert values == grid(space[0], 4) and values == pytest.approx(expected, rel=1e-5)
+    assert values[1] == 0.05 and values[3] == 10 ** 0.5  # the default exactly, the clamped end exactly
+    assert 0.5 * 3.5 / 3 >= abs(shift) > 0  # at most half a step
+    assert grid(space[0], 1) == [0.05]  # one trial: the default
+    outside = Param("client.lr", Tune(1.0, 10.0, log=True), 0.05)
+    assert grid_default(outside) == "its default 0.05 lies outside the range [1, 10]"
+    assert grid(outside, 3) == [1.0, float(f"{10 ** 0.5:.6g}"), 10.0]  # the plain grid
+    assert grid_default(Param("client.lr", Tune(1.0, 10.0), "x")) == "its default 'x' is not a number"
+
+
+@pytest.mark.parametrize("budget", [4, 16])
+def test_the_first_four_trials_of_a_method_cover_each_quarter_of_every_range(budget):
+    space = compose_space("client/objective=fedprox")
+    assert [p.key for p in space] == ["client.lr", "client.objective.mu"]
+    trials = first_trials(space, budget, n=4)
+    ranges = {"client.lr": (1e-3, 10 ** 0.5), "client.objective.mu": (1e-3, 1.0)}
+    for key, (low, high) in ranges.items():
+        quarters = [math.floor(4 * math.log(t[key] / low) / math.log(high / low)) for t in trials]
+        assert sorted(quarters) == [0, 1, 2, 3], (key, [t[key] for t in trials])
+    expected = [{k: in_range(u, *ranges[k]) for k, u in zip(ranges, row)} for row in sobol(2, 4, seed=0)]
+    assert trials == expected
+    assert studies.design_size(budget) == {4: 4, 16: 6}[budget]
 
 
 def test_selection_csv_has_one_row_per_trial():

@@ -27,11 +27,33 @@ class Protocol:
     validation: str = "split"  # split | clients (eval.held_out_clients=held_out in every run)
     held_out: float = 0.2
 
-    def run_keys(self, val_frac_set: bool) -> list[str]:
-        """The overrides that give every tuning and confirm run the same validation data."""
+    def run_values(self, val_frac_set: bool) -> dict[str, float]:
+        """The settings that give every tuning and confirm run the same validation data."""
         if self.validation == "clients":
-            return [f"eval.held_out_clients={self.held_out}"]
-        return [] if val_frac_set else [f"client.val_frac={self.val_frac}"]
+            return {"eval.held_out_clients": self.held_out}
+        return {} if val_frac_set else {"client.val_frac": self.val_frac}
+
+    def run_keys(self, val_frac_set: bool) -> list[str]:
+        return [f"{k}={v}" for k, v in self.run_values(val_frac_set).items()]
+
+    def check_runs(self, num_clients: int | None, clients_per_round: int | None, val_frac) -> None:
+        """Refuse, in the comparison's own keys, run settings its trials could not be scored with: held-out clients
+        that leave too few to train, a validation split that holds nothing out (`val_frac`: the run's
+        client.val_frac, None when the protocol sets it). `num_clients` None: known once the data is loaded."""
+        if self.validation == "clients" and isinstance(num_clients, int) and num_clients >= 1:
+            held = math.ceil(self.held_out * num_clients)
+            if held >= num_clients:
+                raise ValueError(f"held_out={self.held_out:g} is not allowed with num_clients={num_clients}: it holds "
+                                 f"out all {num_clients} clients and leaves none to train; give a smaller share, "
+                                 "e.g. held_out=0.2")
+            if isinstance(clients_per_round, int) and clients_per_round > num_clients - held:
+                raise ValueError(f"held_out={self.held_out:g} is not allowed with clients_per_round={clients_per_round}: "
+                                 f"it leaves {num_clients - held} of the {num_clients} clients to train, fewer than a "
+                                 "round takes; give a smaller held_out or clients_per_round")
+        if self.validation == "split" and val_frac is not None and val_frac == 0:
+            raise ValueError(f"client.val_frac={val_frac} is not allowed here: trials are scored on each client's "
+                             "validation split, and it holds none out; leave client.val_frac out (the comparison then "
+                             f"holds out val_frac={self.val_frac:g}), or score on held-out clients with validation=clients")
 
     def as_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}

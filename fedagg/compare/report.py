@@ -107,8 +107,9 @@ def chosen_table(selection: list[dict], spaces: dict[str, list[Param]]) -> rende
             value = r["params"].get(p.key)
             t = p.tune
             edge = "at the edge: the best may lie outside" if value is not None and t.at_edge(value) else ""
+            chosen = f"{value:.4g}" if value is not None else "fixed by the command line" if p.fixed else ""
             rows.append([r["method"], p.key, f"[{t.low:g}, {t.high:g}]", "log" if t.log else "linear",
-                         f"{p.default}", f"{value:.4g}" if value is not None else "", edge, t.source])
+                         f"{p.default}", chosen, edge, t.source])
     return render.grid(["method", "setting", "range", "scale", "default", "chosen", "edge", "source of the range"], rows)
 
 

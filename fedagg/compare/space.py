@@ -23,7 +23,8 @@ METHOD_GROUPS = ("aggregator", "client")  # the config subtrees whose declared r
 class Param:
     key: str  # dotted config key, e.g. "aggregator.tau"
     tune: Tune
-    default: object  # the method's YAML value
+    default: object  # the value of the method's composed config: its YAML's, or the command line's when fixed
+    fixed: bool = False  # set on the command line: not searched, every run of the method takes `default`
 
 
 def _target(path: str):
@@ -67,11 +68,54 @@ def search_space(config: dict, interpolated: set[str] = frozenset()) -> list[Par
     return sorted(params, key=lambda p: p.key)
 
 
+def _scale(t: Tune) -> tuple[float, float]:
+    return (math.log(t.low), math.log(t.high)) if t.log else (float(t.low), float(t.high))
+
+
+def _short(v: float) -> float:
+    return float(f"{v:.6g}")  # short, exact in the override strings
+
+
+def grid_default(param: Param) -> str | None:
+    """Why a grid over the parameter's range cannot pass through its default, or None when it can."""
+    d, t = param.default, param.tune
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
+        return f"its default {d!r} is not a number"
+    if not t.low <= d <= t.high:
+        return f"its default {d:g} lies outside the range [{t.low:g}, {t.high:g}]"
+    return None
+
+
 def grid(param: Param, points: int) -> list[float]:
-    """`points` values spread evenly over the range (in log space for a log range), both ends included."""
-    t = param.tune
+    """`points` values spread evenly over the range (in log space for a log range), both ends included, shifted by
+    at most half a step so that one of them is the method's default: tuning then compares the default with its
+    neighbours instead of stepping over it; the one point the shift moves past an end is clamped to that end.
+    Without a usable default (`grid_default`), the evenly spread values themselves."""
+    t, default = param.tune, param.default
+    usable = grid_default(param) is None
     if points == 1:
-        return [math.sqrt(t.low * t.high) if t.log else (t.low + t.high) / 2]
-    lo, hi = (math.log(t.low), math.log(t.high)) if t.log else (t.low, t.high)
-    values = [lo + (hi - lo) * i / (points - 1) for i in range(points)]
-    return [float(f"{math.exp(v) if t.log else v:.6g}") for v in values]  # short, exact in the override strings
+        return [float(default)] if usable else [_short(math.sqrt(t.low * t.high) if t.log else (t.low + t.high) / 2)]
+    lo, hi = _scale(t)
+    step = (hi - lo) / (points - 1)
+    values = [lo + step * i for i in range(points)]
+    at = None
+    if usable:
+        d = math.log(default) if t.log else float(default)
+        at = min(range(points), key=lambda i: abs(values[i] - d))  # the nearest point moves onto the default
+        values = [min(max(v + d - values[at], lo), hi) for v in values]
+    out = [min(max(_short(math.exp(v) if t.log else v), float(t.low)), float(t.high)) for v in values]
+    if at is not None:
+        out[at] = float(default)
+    return out
+
+
+def point(param: Param, u: float) -> float | int:
+    """The value at the share `u` in [0, 1) of the range, in its own scale (log or linear); whole for an integer
+    range, kept within the range."""
+    t = param.tune
+    lo, hi = _scale(t)
+    v = lo + (hi - lo) * u
+    v = math.exp(v) if t.log else v
+    if t.integer:
+        return min(max(round(v), math.ceil(t.low)), math.floor(t.high))
+    return min(max(_short(v), float(t.low)), float(t.high))

@@ -1,6 +1,6 @@
 """The Hydra edge beyond composing one run (which is `fedagg/run.py`): the one-line messages for a
-command line Hydra cannot compose, and the sweep's callback. Only `fedagg/run.py` and this package
-import Hydra; everything else is plain Python.
+command line Hydra cannot compose, the sweep's callback, and `python -m fedagg.compare`'s command line.
+Only `fedagg/run.py`, this package and `hydra_plugins/` import Hydra; everything else is plain Python.
 """
 
 from pathlib import Path

@@ -132,8 +132,8 @@ class SweepSummary(Callback):
         outcome = job_return._return_value
         if job_return.status != JobStatus.COMPLETED or not isinstance(outcome, dict):
             outcome = {"status": "failed", "error": f"{type(outcome).__name__}: {outcome}"}
-        write_json(Path(ledger) / f"{config.hydra.job.num}.json",
-                   {"folder": str(config.hydra.runtime.output_dir), **outcome})
+        write_json(Path(ledger) / f"{config.hydra.job.num}.json",  # resume: whether a re-launch continues it as it is
+                   {"folder": str(config.hydra.runtime.output_dir), "resume": config.get("resume") is True, **outcome})
         (Path(ledger) / f"{config.hydra.job.num}.running").unlink(missing_ok=True)
         if Path(ledger).name == str(os.getpid()):
             if outcome["status"] == "interrupted":  # this process had the signal, which the job's loop took
@@ -174,8 +174,15 @@ class SweepSummary(Callback):
                       "values meets other runs there: use another hydra.sweep.dir, or name the folders by their "
                       "values with hydra.sweep.subdir='${hydra.job.override_dirname}'")
         if self.stopped or counts["interrupted"] or counts["not started"]:
-            log.warning("stopped: the same command with resume=true finishes the %d interrupted and not started "
-                        "job(s)", counts["interrupted"] + counts["not started"])
+            left = counts["interrupted"] + counts["not started"]
+            if jobs and all(job.get("resume") for job in jobs):
+                # the sweeper gave every job resume=true (fedagg.compare, which refuses a user's): asking for it
+                # again would be refused; the folder may be a timestamp the same command would not find again
+                log.warning("stopped: %d job(s) interrupted or not started; the same command with hydra.sweep.dir=%s "
+                            "continues from there", left, sweep)
+            else:
+                log.warning("stopped: the same command with resume=true finishes the %d interrupted and not started "
+                            "job(s)", left)
             sys.exit(130)  # the shell's code for an interrupt
         if failed:
             sys.exit(1)

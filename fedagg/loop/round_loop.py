@@ -213,7 +213,8 @@ class RoundLoop:
                     write_json(self.run_dir / "summary.json", dict(self.saved_summary, status="interrupted"))
                 since = (f"the checkpoint after round {self.saved_round}" if self.saved_round else
                          "round 1 (no checkpoint was written yet)")
-                log.warning("stopped at once; resume=true with the same settings continues from %s", since)
+                again = "the same command" if self.summary["config"].get("resume") else "resume=true with the same settings"
+                log.warning("stopped at once; %s continues from %s", again, since)
                 raise StoppedNow from None
             except Exception as err:
                 self.summary.update(status="failed", error=f"{type(err).__name__}: {err}",

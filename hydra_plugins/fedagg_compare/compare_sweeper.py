@@ -8,43 +8,62 @@ those folders' files, so it does not matter where a launcher ran them.
 """
 
 
+import copy
 import json
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
+from hydra.errors import HydraException
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
 from fedagg.compare import study as studies
 from fedagg.compare.protocol import Protocol, make_protocol, read_rows, score, select, selection_csv, write_atomically
-from fedagg.compare.space import search_space
+from fedagg.compare.space import grid, grid_default, search_space
 from fedagg.loop.splits import scaled_rounds
+from hydra_plugins.fedagg_compare.arguments import read_arguments
 
 log = logging.getLogger("fedagg")
 METHOD_GROUPS = ("aggregator", "client/objective")  # where a method name is looked up, in this order
-OWNED = ("seed", "eval.split", "eval.held_out_clients", "resume", "overwrite", "hydra.sweep.subdir")  # keys the protocol sets for each run
+LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher", "StackedLauncher")  # jobs on this machine, with its device
+
+
+def _key(default: Any, line: str, factory=None) -> Any:
+    """A protocol key: its default and the line `python -m fedagg.compare --help` shows for it."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": line})
+    return field(default=default, metadata={"help": line})
 
 
 @dataclass
 class CompareSweeperConf:
     _target_: str = "hydra_plugins.fedagg_compare.compare_sweeper.CompareSweeper"
     # Any: the protocol checks them itself and says what is wrong in one line
-    methods: Any = None
-    budget: Any = 16
-    tune_seeds: Any = field(default_factory=lambda: [0])
-    confirm_seeds: Any = 5
-    baseline: Any = None
-    val_frac: Any = 0.1
-    batch: Any = 1
-    sampler_seed: Any = 0
-    validation: Any = "split"
-    held_out: Any = 0.2
+    methods: Any = _key(None, "(required) the methods, e.g. [fedavg,fedprox]: aggregator or client/objective options")
+    budget: Any = _key(16, "trials per method, exactly (one when the command line fixes all it would tune)")
+    tune_seeds: Any = _key(None, "every trial runs on each seed and scores their mean; [0,1] where the budget allows",
+                           lambda: [0])
+    confirm_seeds: Any = _key(5, "the confirm runs' fresh seeds: a count (after the largest tuning seed) or a list")
+    baseline: Any = _key(None, "the method the paired statistics compare against (null: the first)")
+    val_frac: Any = _key(0.1, "each client's validation share while the command line leaves client.val_frac null")
+    batch: Any = _key(1, "trials of each method launched together (a parallel launcher runs them at once)")
+    sampler_seed: Any = _key(0, "the seed of the first trials' design and of TPE")
+    validation: Any = _key("split", "split: score on every client's own validation split; clients: on held-out clients")
+    held_out: Any = _key(0.2, "with validation=clients: the share of the clients never trained on")
+    # an experiment file's sweep for Hydra's basic sweeper: read for the settings it fixes (arguments.py)
+    params: Any = None
+
+
+def protocol_keys() -> dict[str, tuple[Any, str]]:
+    """key -> (default, one line) of every protocol key, from CompareSweeperConf."""
+    return {f.name: (f.default_factory() if f.default is MISSING else f.default, f.metadata["help"])
+            for f in fields(CompareSweeperConf) if "help" in f.metadata}
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="fedagg_compare", node=CompareSweeperConf, provider="fedagg")
@@ -69,32 +88,60 @@ class CompareSweeper(Sweeper):
                                                                 task_function=task_function, config=config)
 
     # -- before anything runs ------------------------------------------------------------
-    def method(self, name: str, arguments: list[str]) -> dict:
-        """The overrides that pick a method, its composed config's search space and its client.val_frac."""
-        loader = self.hydra_context.config_loader
-        for group in METHOD_GROUPS:
-            if name in loader.get_group_options(group):
-                picks = [f"{group}={name}"]
-                break
-        else:
-            known = sorted(set(loader.get_group_options("aggregator")) | set(loader.get_group_options("client/objective")))
-            raise ValueError(f"methods: {name!r} is not an aggregator or a client objective; choose from "
-                             f"{', '.join(k for k in known if k != 'none')}")
-        cfg = loader.load_sweep_config(self.config, list(arguments) + picks)
+    def group_options(self) -> dict[str, list[str]]:
+        """Each method group's options, the command line's search path (hydra.searchpath, --config-dir) included."""
+        loader, hydra = self.hydra_context.config_loader, self.config.hydra
+        return {g: loader.get_group_options(g, config_name=hydra.job.config_name, overrides=list(hydra.overrides.hydra))
+                for g in METHOD_GROUPS}
+
+    def method(self, name: str, arguments: list[str], options: dict[str, list[str]], fixed: set[str]) -> dict:
+        """The overrides that pick a method, its composed config, its search space (the keys in `fixed`, which the
+        command line sets, left out) and its client.val_frac."""
+        group = next((g for g in METHOD_GROUPS if name in options[g]), None)
+        if group is None:
+            known = sorted({o for g in METHOD_GROUPS for o in options[g]} - {"none"})
+            raise ValueError(f"methods: {name!r} is not an aggregator or a client objective; choose from {', '.join(known)}")
+        picks = [f"{group}={name}"]
+        try:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(arguments) + picks)
+        except HydraException as err:  # e.g. a key the command line sets that this method's option lacks
+            raise ValueError(f"methods: {name}: {str(err).strip().splitlines()[0]}") from None
         nodes = {g: OmegaConf.to_container(cfg[g], resolve=True) for g in ("aggregator", "client")}
         linked = {f"{g}.{k}" for g in ("aggregator", "client") for k in _interpolated(cfg[g])}
-        return {"picks": picks, "space": search_space(nodes, linked), "val_frac": cfg.client.get("val_frac")}
+        declared = search_space(nodes, linked)
+        return {"picks": picks, "space": [p for p in declared if p.key not in fixed],
+                "fixed": [replace(p, fixed=True) for p in declared if p.key in fixed],
+                "val_frac": cfg.client.get("val_frac"), "config": cfg}
 
-    def check(self, arguments: list[str]) -> tuple[Protocol, dict]:
+    def check_runs(self, protocol: Protocol, name: str, method: dict) -> None:
+        """Refuse, before anything runs, what the method's trials would refuse: the protocol's own conditions, in
+        its keys, then every check a run makes before it loads data, on a tuning run's configuration."""
+        cfg = method["config"]
+        protocol.check_runs(cfg.get("num_clients"), cfg.get("clients_per_round"), method["val_frac"])
+        job = copy.deepcopy(cfg)
+        run = {"seed": protocol.tune_seeds[0], "eval.split": "val", **protocol.run_values(method["val_frac"] is not None)}
+        for key, value in run.items():
+            OmegaConf.update(job, key, value)
+        launcher = str(self.config.hydra.launcher.get("_target_", ""))
+        # not at the top: python -m fedagg.compare imports this module before it runs fedagg.run as __main__
+        from fedagg.run import check_run
+
+        try:
+            check_run(job, parts=any(local in launcher for local in LOCAL_LAUNCHERS))
+        except ValueError as err:
+            raise ValueError(f"{err} (in the runs of method {name})") from None
+
+    def check(self, arguments: list[str]) -> tuple[Protocol, dict, list[str], list[str]]:
+        """The protocol, each method's picks and spaces, every run's overrides and the lines to log; a ValueError
+        with one line for anything that would stop a run."""
         s = self.settings
         protocol = make_protocol(s["methods"], s["budget"], s["tune_seeds"], s["confirm_seeds"], s["baseline"],
                                  s["val_frac"], s["batch"], s["sampler_seed"], s["validation"], s["held_out"])
-        for arg in arguments:
-            key = arg.split("=", 1)[0].lstrip("+~")
-            if key in OWNED:
-                raise ValueError(f"{arg} is not allowed here: the protocol sets {key} for each of its runs "
-                                 "(seeds: tune_seeds and confirm_seeds; the folder: hydra.sweep.dir)")
-        methods = {m: self.method(m, arguments) for m in protocol.methods}
+        read = read_arguments(list(arguments), s.get("params"), self.config.hydra.runtime.choices.get("experiment"))
+        options = self.group_options()
+        methods = {m: self.method(m, read.runs, options, read.keys) for m in protocol.methods}
+        for m, method in methods.items():
+            self.check_runs(protocol, m, method)
         folder = Path(self.config.hydra.sweep.dir)
         record = {"protocol": protocol.as_dict(), "arguments": list(arguments)}
         saved = folder / "protocol.json"
@@ -103,15 +150,18 @@ class CompareSweeper(Sweeper):
                              "nothing was changed: rerun it with the same command, or give another hydra.sweep.dir")
         folder.mkdir(parents=True, exist_ok=True)
         write_atomically(saved, json.dumps(record, indent=2) + "\n")
-        return protocol, methods
+        return protocol, methods, read.runs, read.notes + [line for m, p in methods.items()
+                                                           for line in _plan(m, p, protocol)]
 
     # -- the stages ----------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> Any:
         try:
-            protocol, methods = self.check(list(arguments))
+            protocol, methods, arguments, notes = self.check(list(arguments))
         except ValueError as err:
             log.error("%s", err)
             sys.exit(2)
+        for line in notes:
+            log.info("%s", line)
         folder = Path(self.config.hydra.sweep.dir)
         base = {m: list(arguments) + p["picks"] + protocol.run_keys(p["val_frac"] is not None) for m, p in methods.items()}
         started = time.perf_counter()
@@ -130,7 +180,7 @@ class CompareSweeper(Sweeper):
         log.info("confirm: %d runs (tuned and default, %d seeds each)", len(jobs), len(protocol.confirm_seeds))
         self.launch(jobs)
         from fedagg.compare.report import write_report  # matplotlib only when it is needed
-        write_report(folder, protocol, {m: p["space"] for m, p in methods.items()},
+        write_report(folder, protocol, {m: p["space"] + p["fixed"] for m, p in methods.items()},
                      {"tune (this invocation)": tuned_s, "confirm (this invocation)": time.perf_counter() - started - tuned_s})
         log.info("comparison written: %s, %s", folder / "selection.csv", folder / "report.html")
         return None
@@ -148,8 +198,9 @@ class CompareSweeper(Sweeper):
         while True:
             wave = []  # (method, trial number, values, run folders)
             for m in protocol.methods:
-                for number, values in studies.next_trials(opened[m], methods[m]["space"], protocol.budget,
-                                                          protocol.batch, protocol.sampler_seed):
+                space = methods[m]["space"]
+                budget = protocol.budget if space else 1  # nothing to tune: more trials would repeat this one
+                for number, values in studies.next_trials(opened[m], space, budget, protocol.batch, protocol.sampler_seed):
                     subdirs = [f"tune/{m}/t{number:03d}/s{s}" for s in protocol.tune_seeds]
                     wave.append((m, number, values, subdirs))
             if not wave:
@@ -170,8 +221,8 @@ class CompareSweeper(Sweeper):
         path = run_dir / "summary.json"
         summary = json.loads(path.read_text()) if path.exists() else {"status": "not started"}
         if summary["status"] not in ("completed", "diverged"):
-            log.error("trial %s: %s; its trial stays open: run the same command again to continue",
-                      run_dir, summary["status"])
+            log.error("trial %s: %s; its trial stays open: the same command with the same hydra.sweep.dir continues "
+                      "it", run_dir, summary["status"])
             return None
         config = summary["config"]
         rounds = scaled_rounds(config["rounds"], config.get("experiment_scale", 1.0))
@@ -186,6 +237,24 @@ class CompareSweeper(Sweeper):
             rows += [{"method": m, **t, "chosen": t is chosen[m]} for t in trials]
         write_atomically(folder / "selection.csv", selection_csv(rows))
         return chosen
+
+
+def _plan(name: str, method: dict, protocol: Protocol) -> list[str]:
+    """The log lines that say how a method's trials are chosen."""
+    space, fixed, budget = method["space"], method["fixed"], protocol.budget
+    lines = [f"{name}: {p.key}={p.default} is fixed by the command line, not tuned" for p in fixed]
+    if not space:
+        return lines + [f"{name}: nothing left to tune: one trial, not budget={budget} identical ones"]
+    if studies.on_grid(space):
+        p = space[0]
+        why = grid_default(p)
+        where = f"through its default {p.default}" if why is None else f"not through its default: {why}"
+        values = ", ".join(f"{v:g}" for v in grid(p, budget))
+        return lines + [f"{name}: {p.key} on a grid of {budget} point(s) {where}: {values}"]
+    size = studies.design_size(budget)
+    then = f", then {budget - size} by TPE" if budget > size else ""
+    return lines + [f"{name}: {size} trial(s) from a Sobol design over {', '.join(p.key for p in space)} "
+                    f"(sampler_seed={protocol.sampler_seed}){then}"]
 
 
 def _interpolated(node: DictConfig, prefix: str = "") -> list[str]:
