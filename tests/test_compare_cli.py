@@ -301,7 +301,10 @@ def test_an_own_method_from_its_folder_with_config_dir_between_the_overrides_and
         config = json.loads((folder / run / "summary.json").read_text())["config"]
         assert config["client"]["lr"] == 0.1 and config["aggregator"]["_target_"] in (
             "my_rules.median_norm.MedianNorm", "fedagg.aggregators.base.FedAvg")
-    assert "fixed by the command line" in (folder / "report.html").read_text()
+    page = (folder / "report.html").read_text()
+    assert "fixed by the command line" in page
+    assert ("2 trials each (but FedAvg 1: nothing left to tune); fixed by the command line, not tuned: client.lr"
+            in page)
 
 
 @needs_mnist

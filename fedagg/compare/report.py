@@ -143,7 +143,12 @@ def write_report(folder: Path, protocol: Protocol, spaces: dict[str, list[Param]
     values = confirm_values(runs, p)
     noise = seed_noise(values)
     flagged = {(m, k): why for (m, k), by_seed in values.items() if (why := fragile(by_seed, noise))}
-    what = (f"Methods {', '.join(names.get(m, m) for m in p.methods)}; {p.budget} trials each (the same sampler, seed "
+    counts = {m: sum(1 for r in selection if r["method"] == m) for m in p.methods}
+    fewer = [f"{names.get(m, m)} {n}" for m, n in counts.items() if n != p.budget]
+    trials = f"{p.budget} trials each" + (f" (but {', '.join(fewer)}: nothing left to tune)" if fewer else "")
+    if fixed := sorted({q.key for m in p.methods for q in spaces.get(m, []) if q.fixed}):
+        trials += f"; fixed by the command line, not tuned: {', '.join(fixed)}"
+    what = (f"Methods {', '.join(names.get(m, m) for m in p.methods)}; {trials} (the same sampler, seed "
             f"{p.sampler_seed}), on tuning seeds {list(p.tune_seeds)}, scored on "
             + ("the clients' validation splits (client.val_frac" if p.validation == "split" else
                f"held-out clients ({p.held_out:.0%} of the clients, never trained on, in every run")
