@@ -350,3 +350,12 @@ def test_a_stopped_comparison_says_to_run_the_same_command_which_finishes_it(tmp
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0 and "resuming after round" in out, out[-3000:]
     assert [r["method"] for r in selection(tmp_path)] == ["fedavg", "fedavg", "fedprox", "fedprox"]
+
+
+def test_without_optuna_the_comparison_is_one_line_naming_the_extra():
+    code = ("import sys; sys.modules['optuna'] = None; from fedagg.edge.compare_line import main; "
+            "main(['methods=[fedavg]', 'budget=1'])")  # as if the [compare] extra were not installed
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("python -m fedagg.compare needs Optuna for its tuning studies: pip install 'fedagg[compare]' "
+                           "(or pip install optuna)\n")

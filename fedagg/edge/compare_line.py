@@ -9,8 +9,6 @@ import sys
 
 from hydra._internal.utils import get_args_parser
 
-from hydra_plugins.fedagg_compare.compare_sweeper import protocol_keys
-
 DEFAULT_FOLDER = "outputs/compare/${now:%Y-%m-%d}/${now:%H-%M-%S}"
 HELP = ("--help", "-h")
 # Hydra takes one of these at a time: with --cfg or --info the comparison is shown, not run (no -m added)
@@ -91,6 +89,18 @@ def help_text() -> str:
         "The comparison's folder is hydra.sweep.dir (default outputs/compare/<date>/<time>);",
         "the same command with the same hydra.sweep.dir continues a stopped comparison.",
     ])
+
+
+def protocol_keys() -> dict:
+    try:  # the sweeper runs Optuna's studies: the optional extra
+        from hydra_plugins.fedagg_compare.compare_sweeper import protocol_keys as keys
+    except ImportError as err:
+        if "optuna" not in str(err):
+            raise
+        print("python -m fedagg.compare needs Optuna for its tuning studies: pip install 'fedagg[compare]' "
+              "(or pip install optuna)", file=sys.stderr)
+        sys.exit(2)
+    return keys()
 
 
 def main(argv: list[str] | None = None) -> None:
