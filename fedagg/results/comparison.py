@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fedagg.results.checks import NOT_SETTINGS  # where files are, how the runs ran: no part of a setting
 from fedagg.results.runs import ResultsError, find_run_dirs, overrides_of, read_run
 
 PROTOCOL = "protocol.json"
@@ -102,5 +103,6 @@ def setting_text(folder: Path) -> str:
     files = protocol_files(folder)
     if len(files) != 1:
         return ""
-    arguments = [a for a in read_protocol(files[0])["arguments"] if not a.startswith("hydra")]
+    arguments = [a for a in read_protocol(files[0])["arguments"]
+                 if not a.startswith("hydra") and not a.lstrip("+~").startswith(NOT_SETTINGS)]
     return ", ".join(arguments)

@@ -336,6 +336,13 @@ def plot_weights(runs: list[dict], out: Path, limit: int, axes: list[str] = ()) 
 def comparison_figure(folder: Path, out: Path | None = None) -> list[Path]:
     """methods.pdf and methods.png of a comparison folder (its tuned confirm runs, in the comparison's method
     order); none when no tuned run finished."""
+    lines = comparison_lines(folder)
+    return plot_methods(lines, out or folder) if lines else []
+
+
+def comparison_lines(folder: Path) -> dict[str, list[dict]]:
+    """The figure's lines: each method's name -> its tuned confirm runs (sound ones, with curves), in the
+    comparison's order."""
     order = comparison.methods(folder)
     runs = [load_run(r) for r in integrity.sound([r for r in comparison.confirm_runs(folder)
                                                   if r["_has_summary"] and r.get(comparison.TUNING) == "tuned"])]
@@ -344,7 +351,7 @@ def comparison_figure(folder: Path, out: Path | None = None) -> list[Path]:
     for run in runs:
         if run["metrics"]:
             lines[describe(run)[1]].append(run)
-    return plot_methods(lines, out or folder) if lines else []
+    return dict(lines)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
