@@ -27,7 +27,8 @@ from omegaconf.errors import InterpolationKeyError
 
 from fedagg.data.partition_report import drawn, save_partition_report
 from fedagg.edge import CONF
-from fedagg.edge.command_line import explain_composition_error
+from fedagg.edge.channel_choice import channel_choice, uniform_mean_for_privacy
+from fedagg.edge.command_line import explain_composition_error, in_user_words
 from fedagg.edge.default_model import with_default_model
 from fedagg.edge.sweep import SweepSummary, concurrent_jobs
 from fedagg.loop.assembly import Parts, assemble
@@ -160,6 +161,10 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, ove
         raise SetupError(str(err)) from None
     try:
         return _train(cfg, run_dir, choices or {}, overrides or [], concurrent_jobs)
+    except SetupError as err:  # a number in the message as the user typed it (1e300, not 1e+300)
+        if (words := in_user_words(str(err), overrides or [])) != str(err):
+            raise type(err)(words) from err
+        raise
     finally:
         folder.release()
 
@@ -167,6 +172,8 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, ove
 def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], concurrent_jobs: int) -> dict:
     try:
         choices = dict(choices)  # the caller's stays as given
+        if (channel := channel_choice(overrides)) is not None:
+            choices["channel"] = channel  # Hydra records no choice for a list
         cfg, model_note = with_default_model(cfg, choices)
     except ValueError as err:
         raise SetupError(str(err)) from None
@@ -174,6 +181,9 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
         config = OmegaConf.to_container(cfg, resolve=True)
     except InterpolationKeyError as err:
         raise SetupError(explain_missing_option(cfg, err, choices)) from None
+    cfg, weighting_note = uniform_mean_for_privacy(cfg, overrides)
+    if weighting_note is not None:
+        config = OmegaConf.to_container(cfg, resolve=True)
     summary_base = {"seed": cfg.seed, "choices": choices, "overrides": overrides, "config": config,
                     "experiment_scale": cfg.experiment_scale}
     if cfg.get("resume") is True and cfg.get("overwrite") is True:
@@ -208,6 +218,9 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
         log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s%s", fed.data.name,
                  fed.data.train_y.numel(), fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
                  num_params, summary_base["device"], f" ({model_note})" if model_note else "")
+        for note in [weighting_note, *fed.channel.notes()]:
+            if note:
+                log.info("%s", note)
         threads.apply(cfg.threads, num_params, concurrent_jobs)
         fed.tracker.start(run_dir, config, name=run_dir.name)
         fed.tracker.log_image("partition", run_dir / "partition.png")
@@ -237,7 +250,7 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     device = resolve_device(cfg.device)
     summary_base["device"] = device.type  # the random streams of a run depend on it
     parts = Parts(**{group: instantiate(cfg[group], _convert_="all") for group in GROUPS},  # plain lists and dicts
-                  noise=cfg.partition.get("noise", 0.0))
+                  noise=cfg.partition.get("noise", 0.0), choices=choices)
     if "noise" in parts.partition.keywords:  # read by the run, which adds it to the images, not by the split
         parts.partition = functools.partial(parts.partition.func, *parts.partition.args,
                                             **{k: v for k, v in parts.partition.keywords.items() if k != "noise"})
@@ -275,7 +288,7 @@ def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if k in RECORDED_CHOICES}
     with open_dict(cfg):
         del cfg["hydra"]
-    return train(cfg, run_dir, choices)
+    return train(cfg, run_dir, choices, list(overrides))
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

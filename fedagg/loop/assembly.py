@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.inputs import ClientSetup, Needs
 from fedagg.attacks.base import Attack
-from fedagg.channel.base import Channel
+from fedagg.channel.base import Channel, Setup
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
@@ -51,6 +51,7 @@ class Parts:
     attack: Attack = field(default_factory=Attack)  # which clients are corrupted, and how
     channel: Channel | list | None = None  # what clients send (compression, privacy): a Channel or a list of stages
     noise: float = 0.0  # partition.noise: client i of N sees Gaussian noise of sd noise * i / N on its images
+    choices: dict = field(default_factory=dict)  # group -> option as the user chose it, for refusals in their words
 
 
 @dataclass
@@ -83,7 +84,10 @@ def connect(parts: Parts, settings: Settings) -> None:
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
     parts.channel = Channel.of(parts.channel)
-    parts.channel.check(parts.aggregator, settings.num_clients, settings.per_round)
+    chosen = parts.choices.get("aggregator")
+    parts.channel.check(parts.aggregator, Setup(
+        settings.num_clients, settings.per_round, sampleable=settings.num_clients - len(settings.held_out_ids),
+        online_varies=parts.system.takes_clients_offline, aggregator=f"aggregator={chosen}" if chosen else ""))
     check_held_out(trainer.val_frac, trainer.test_frac, parts.aggregator.needs, settings.eval_per_client)
     if settings.eval_split == "val" and not settings.held_out and effective_val_frac(trainer.val_frac, parts.aggregator.needs) == 0:
         raise ValueError(f"eval.split=val needs validation data, but client.val_frac={trainer.val_frac} holds none out; "
