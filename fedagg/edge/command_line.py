@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from fedagg.edge import CONF
-from fedagg.loop.schema import META_KEYS
+from fedagg.loop.schema import META_KEYS, check_node
 
 
 def _option_line(group: str, value: str, options: list[str], listed: str | None = None) -> str:
@@ -109,10 +110,19 @@ def _unknown_key_line(loader, parsed: list, lines: list[str], failing: str, mult
     return f"{key} is not a setting fedagg knows; did you mean {near}={value}?{where}"
 
 
+_composed: dict[tuple[str, ...], DictConfig] = {}  # one command line's configs, composed once each
+
+
+def _compose(lines: list[str]) -> DictConfig:
+    if tuple(lines) not in _composed:
+        _composed[tuple(lines)] = compose(config_name="config", overrides=lines, return_hydra_config=True)
+    return _composed[tuple(lines)]
+
+
 def _composition_problem(loader, parsed: list, lines: list[str], multirun: bool) -> str | None:
     """One line for why the overrides `lines` do not compose, or None when they do (or Hydra says it better)."""
     try:
-        compose(config_name="config", overrides=lines, return_hydra_config=True)
+        _compose(lines)
     except MissingConfigException as err:
         for line in lines:
             try:
@@ -152,6 +162,7 @@ def explain_composition_error(argv: list[str]) -> str | None:
         return None
     sweeps = [o for o in parsed if multirun and o.is_sweep_override()]
     first = [o.input_line for o in parsed if o not in sweeps]
+    _composed.clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         if problem := _composition_problem(loader, parsed, first, multirun):
@@ -171,7 +182,36 @@ def explain_composition_error(argv: list[str]) -> str | None:
                                     f"Hydra refuses in that job: write +{add.input_line} to add or set it in every job")
         if sweeps:
             job = first + [f"{o.get_key_element()}={next(o.sweep_string_iterator())}" for o in sweeps]
-            return _composition_problem(loader, parsed, job, multirun)
+            if problem := _composition_problem(loader, parsed, job, multirun):
+                return problem
+        return _output_problem(job if sweeps else first, multirun)
+
+
+def _output_problem(lines: list[str], multirun: bool) -> str | None:
+    """One line for where the results would go that Hydra cannot use (a folder that is a file) or a launcher
+    setting its constructor does not take, or None."""
+    try:
+        cfg = _compose(lines)
+    except HydraException:
+        return None
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        folder = Path(str(OmegaConf.select(cfg, key)))
+    except Exception:  # noqa: BLE001 - ${now:...} and the like resolve only inside Hydra's app: left to it
+        folder = None
+    if folder is not None:
+        blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            what = "is a file" if blocking == folder else f"is inside {blocking}, a file"
+            return f"{key}={folder} is not allowed: it {what}, not a folder; give a folder for the results"
+    launcher = cfg.hydra.get("launcher")
+    if multirun and isinstance(launcher, DictConfig) and "_target_" in launcher:
+        try:
+            check_node(launcher, "hydra.launcher.")
+        except ValueError as err:
+            return str(err)
+        except Exception:  # noqa: BLE001 - a launcher that does not load here is Hydra's to report
+            return None
     return None
 
 

@@ -154,7 +154,7 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     bundle = None
     if settings.num_clients is None:  # all of the dataset's own clients: how many is known once it is loaded
         if not takes_owners(parts.partition):
-            raise ValueError("num_clients=None is only allowed with partition=natural (all of a federated dataset's "
+            raise ValueError("num_clients=null is only allowed with partition=natural (all of a federated dataset's "
                              "own clients); give the number of clients to split the data into")
         bundle = parts.dataset(root=str(Path(data_root).expanduser()), download=download)
         if bundle.train_owner is None:
@@ -185,7 +185,7 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
             bundle.test_x, bundle.test_y = bundle.test_x[test_subset], bundle.test_y[test_subset]
     stats = partition_stats(pool_labels, split, bundle.num_classes)
     model = build_model(parts.model, bundle, settings.seed, device)
-    data = DeviceData(bundle, device, model.input_shape)
+    data = DeviceData(bundle, device, model.input_shape, model=f"model {type(model).__name__}")
     check_fits(model, data)
     if parts.noise > 0:
         data.add_feature_noise([pool[p] for p in split], float(parts.noise), settings.seed)

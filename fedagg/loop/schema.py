@@ -26,7 +26,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
-from fedagg.config.constraints import check, constraints
+from fedagg.config.constraints import check, constraints, typed
 from fedagg.loop import threads
 
 META_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
@@ -107,7 +107,7 @@ def _field_hint(schema, dotted: str):
 def _shown(value) -> str:
     if isinstance(value, (DictConfig, ListConfig)):
         return str(OmegaConf.to_container(value))
-    return repr(value)
+    return typed(value)
 
 
 def _unknown(prefix: str, key: str, known: list[str], elsewhere: list[str] = ()) -> ValueError:

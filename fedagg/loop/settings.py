@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fedagg.config.constraints import typed
 from fedagg.data.seeding import generator
 
 
@@ -31,7 +32,7 @@ class Settings:
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, value, allowed: str) -> None:
             if not ok:
-                raise ValueError(f"{key}={value!r} is not allowed; {allowed}")
+                raise ValueError(f"{key}={typed(value)} is not allowed; {allowed}")
 
         need(self.eval_split in ("test", "val"), "eval.split", self.eval_split,
              "choose one of test, val (val: the clients' pooled client.val_frac splits, for tuning)")
