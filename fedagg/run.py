@@ -27,6 +27,7 @@ from omegaconf.errors import InterpolationKeyError
 
 from fedagg.data.partition_report import drawn, save_partition_report
 from fedagg.edge import CONF
+from fedagg.edge import run_log
 from fedagg.edge.channel_choice import channel_choice, uniform_mean_for_privacy
 from fedagg.edge.command_line import explain_composition_error, in_user_words
 from fedagg.edge.default_model import with_default_model
@@ -34,7 +35,7 @@ from fedagg.edge.sweep import SweepSummary, concurrent_jobs
 from fedagg.loop.assembly import Parts, assemble
 from fedagg.loop.checkpoints import load_checkpoint
 from fedagg.loop import interrupts, threads
-from fedagg.loop.folder import RunFolder, clear_run, held_run
+from fedagg.loop.folder import RunFolder, clear_run, held_run, held_sweep
 from fedagg.loop.numerics import numerics
 from fedagg.loop.round_loop import run_federation
 from fedagg.loop.schema import check_config
@@ -177,6 +178,9 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
         cfg, model_note = with_default_model(cfg, choices)
     except ValueError as err:
         raise SetupError(str(err)) from None
+    if sweep := held_sweep(run_dir):
+        raise FolderHeld(f"{run_dir} holds {sweep}; a run written there would hide them from tables and reports, and "
+                         "nothing there was changed: use another hydra.run.dir")
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except InterpolationKeyError as err:
@@ -191,6 +195,8 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
                          "folder, overwrite=true replaces it; choose one")
     previous = _read_summary(run_dir)
     held = held_run(run_dir)  # read under the folder's lock, before anything is written
+    if held is None:
+        run_log.claim(run_dir, fresh=True)  # nothing of another run is there: the folder is this run's
     if cfg.resume and previous is not None and previous.get("status") == "completed":
         if changed := _changed_keys(previous.get("config", {}), config):
             raise FolderHeld(f"resume=true but {run_dir} holds a completed run whose configuration differs in "
@@ -214,9 +220,10 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
                 raise SetupError(str(user_error)) from err
             raise
         num_params = sum(p.numel() for p in fed.model.parameters())
-        # the default backbone's reason joins this line, after the setup: a configuration error stays one line
+        # the default backbone's reason joins this line, after the setup: a configuration error stays one line;
+        # the training samples are the clients' (experiment_scale shrinks them as it shrinks the test set)
         log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s%s", fed.data.name,
-                 fed.data.train_y.numel(), fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
+                 fed.partition["total"], fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
                  num_params, summary_base["device"], f" ({model_note})" if model_note else "")
         for note in [weighting_note, *fed.channel.notes()]:
             if note:
@@ -257,6 +264,7 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     parts.engine = stacking.engine_for(parts.engine)  # in a stacked sweep's group: rounds trained together
     if held is not None and cfg.overwrite:
         clear_run(run_dir)
+        run_log.claim(run_dir, fresh=True)  # the replaced run's log goes with it
         log.warning("overwrite=true: removed %s from %s", held, run_dir)
     elif held is not None and not cfg.resume:
         raise FolderHeld(f"{run_dir} holds {held}; nothing was changed: continue it with resume=true, keep it with "
@@ -271,6 +279,7 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     if started != device.type:
         raise ValueError(f"resume=true on {device.type}, but the run started on {started}, where its random streams "
                          f"differ: resume it with device={started}, or start a new run")
+    run_log.claim(run_dir, fresh=False)  # resumed: its log goes on (claimed already when the folder held nothing)
     fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale,
                    download=cfg.data.download)
     settings = fed.settings  # num_clients=null is now the dataset's number of clients

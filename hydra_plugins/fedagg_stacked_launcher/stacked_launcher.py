@@ -30,6 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from fedagg.config.constraints import Range, checked
@@ -133,7 +134,7 @@ def job_log_file():
     for h in conf.get("handlers", {}).values():
         if "filename" not in h:
             continue
-        handler = logging.FileHandler(h["filename"])
+        handler = get_class(h.get("class", "logging.FileHandler"))(h["filename"])  # fedagg's RunLog: run_log.py
         fmt = conf.get("formatters", {}).get(h.get("formatter"), {}).get("format")
         handler.setFormatter(logging.Formatter(fmt))
         handler.addFilter(lambda record: record.thread == thread)
