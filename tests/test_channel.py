@@ -156,7 +156,7 @@ def test_a_composed_channel_runs_and_reports_bits_and_epsilon(tmp_path):
     eps = [float(c["dp_epsilon"]) for c in cols]
     assert 0 < eps[0] < eps[1] and summary["final_dp_epsilon"] == pytest.approx(eps[1])
     assert eps[1] == pytest.approx(epsilon(1.0, 1.0, 2, 10**-1.1))  # every client each round: q = 1, δ = 1/N^1.1
-    with pytest.raises(ValueError, match=r"^channel=dp is not allowed with aggregator Krum"):
+    with pytest.raises(ValueError, match=r"^channel=dp is not allowed with aggregator=krum"):
         run_experiment(["channel=dp", "aggregator=krum", "rounds=1"], tmp_path / "refused")
     assert not (tmp_path / "refused" / "metrics.csv").exists()
 
