@@ -86,8 +86,8 @@ def test_fedcams_is_refused_under_a_compressing_channel_and_with_dp_in_the_users
         "added the noise, which must reach the mean unchanged; aggregator=fedams channel=[sign,dp] compresses before dp")
     assert refused(tmp_path, "aggregator=krum", "channel=dp").startswith(
         "channel=dp is not allowed with aggregator=krum: its rule is not a weighted mean")
-    with pytest.raises(ValueError, match=r"^channel=sign is not allowed with aggregator FedCAMS: "):
-        Channel(sign=TopK()).check(FedCAMS(), Setup(10, 10))  # from Python: the class is named
+    with pytest.raises(ValueError, match=r"^channel=topk is not allowed with aggregator FedCAMS: "):
+        Channel([TopK()]).check(FedCAMS(), Setup(10, 10))  # from Python: the class is named
 
 
 def test_dp_takes_the_uniform_mean_unless_the_user_chose_a_weighting(tmp_path, caplog):
