@@ -28,13 +28,15 @@ from omegaconf.errors import InterpolationKeyError
 
 from fedagg.data.partition_report import drawn, save_partition_report
 from fedagg.edge import CONF
-from fedagg.edge.command_line import explain_composition_error
+from fedagg.edge import run_log
+from fedagg.edge.channel_choice import channel_choice, uniform_mean_for_privacy
+from fedagg.edge.command_line import explain_composition_error, in_user_words
 from fedagg.edge.default_model import with_default_model
 from fedagg.edge.sweep import SweepSummary, concurrent_jobs
 from fedagg.loop.assembly import Parts, assemble, connect
 from fedagg.loop.checkpoints import load_checkpoint
 from fedagg.loop import interrupts, threads
-from fedagg.loop.folder import RunFolder, clear_run, held_run
+from fedagg.loop.folder import RunFolder, clear_run, held_run, held_sweep
 from fedagg.loop.numerics import numerics
 from fedagg.loop.round_loop import run_federation
 from fedagg.config.names import DISPLAY_NAME
@@ -162,6 +164,10 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, ove
         raise SetupError(str(err)) from None
     try:
         return _train(cfg, run_dir, choices or {}, overrides or [], concurrent_jobs)
+    except SetupError as err:  # a number in the message as the user typed it (1e300, not 1e+300)
+        if (words := in_user_words(str(err), overrides or [])) != str(err):
+            raise type(err)(words) from err
+        raise
     finally:
         folder.release()
 
@@ -169,13 +175,21 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, ove
 def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], concurrent_jobs: int) -> dict:
     try:
         choices = dict(choices)  # the caller's stays as given
+        if (channel := channel_choice(overrides)) is not None:
+            choices["channel"] = channel  # Hydra records no choice for a list
         cfg, model_note = with_default_model(cfg, choices)
     except ValueError as err:
         raise SetupError(str(err)) from None
+    if sweep := held_sweep(run_dir):
+        raise FolderHeld(f"{run_dir} holds {sweep}; a run written there would hide them from tables and reports, and "
+                         "nothing there was changed: use another hydra.run.dir")
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except InterpolationKeyError as err:
         raise SetupError(explain_missing_option(cfg, err, choices)) from None
+    cfg, weighting_note = uniform_mean_for_privacy(cfg, overrides)
+    if weighting_note is not None:
+        config = OmegaConf.to_container(cfg, resolve=True)
     summary_base = {"seed": cfg.seed, "method": method_of(choices, config), "method_name": method_name_of(choices, config),
                     "choices": choices, "overrides": overrides, "config": config, "experiment_scale": cfg.experiment_scale}
     if cfg.get("resume") is True and cfg.get("overwrite") is True:
@@ -183,6 +197,8 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
                          "folder, overwrite=true replaces it; choose one")
     previous = _read_summary(run_dir)
     held = held_run(run_dir)  # read under the folder's lock, before anything is written
+    if held is None:
+        run_log.claim(run_dir, fresh=True)  # nothing of another run is there: the folder is this run's
     if cfg.resume and previous is not None and previous.get("status") == "completed":
         if changed := _changed_keys(previous.get("config", {}), config):
             raise FolderHeld(f"resume=true but {run_dir} holds a completed run whose configuration differs in "
@@ -206,10 +222,14 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
                 raise SetupError(str(user_error)) from err
             raise
         num_params = sum(p.numel() for p in fed.model.parameters())
-        # the default backbone's reason joins this line, after the setup: a configuration error stays one line
+        # the default backbone's reason joins this line, after the setup: a configuration error stays one line;
+        # the training samples are the clients' (experiment_scale shrinks them as it shrinks the test set)
         log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s%s", fed.data.name,
-                 fed.data.train_y.numel(), fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
+                 fed.partition["total"], fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
                  num_params, summary_base["device"], f" ({model_note})" if model_note else "")
+        for note in [weighting_note, *fed.channel.notes()]:
+            if note:
+                log.info("%s", note)
         threads.apply(cfg.threads, num_params, concurrent_jobs)
         fed.tracker.start(run_dir, config, name=run_dir.name)
         fed.tracker.log_image("partition", run_dir / "partition.png")
@@ -236,9 +256,9 @@ def _checked(cfg: DictConfig, choices: dict) -> Settings:
     return settings_from(cfg)
 
 
-def _parts(cfg: DictConfig) -> Parts:
+def _parts(cfg: DictConfig, choices: dict) -> Parts:
     parts = Parts(**{group: instantiate(cfg[group], _convert_="all") for group in GROUPS},  # plain lists and dicts
-                  noise=cfg.partition.get("noise", 0.0))
+                  noise=cfg.partition.get("noise", 0.0), choices=choices)
     if "noise" in parts.partition.keywords:  # read by the run, which adds it to the images, not by the split
         parts.partition = functools.partial(parts.partition.func, *parts.partition.args,
                                             **{k: v for k, v in parts.partition.keywords.items() if k != "noise"})
@@ -256,14 +276,16 @@ def check_run(cfg: DictConfig, parts: bool = True) -> None:
     hydra_config.set_config(cfg)  # `${hydra:runtime.choices...}` in experiment files resolves as in the job
     try:
         choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if k in RECORDED_CHOICES}
+        overrides = list(cfg.hydra.overrides.task)
         cfg = copy.deepcopy(cfg)
         with open_dict(cfg):
             del cfg["hydra"]
         cfg, _ = with_default_model(cfg, choices)
+        cfg, _ = uniform_mean_for_privacy(cfg, overrides)  # as the job will run it
         OmegaConf.to_container(cfg, resolve=True)
         settings = _checked(cfg, choices)
         if parts and settings.num_clients is not None:  # else known only once the data is loaded
-            connect(_parts(cfg), settings)
+            connect(_parts(cfg, choices), settings)
     except SetupError:
         raise
     except InterpolationKeyError as err:
@@ -283,10 +305,11 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     settings = _checked(cfg, choices)
     device = resolve_device(cfg.device)
     summary_base["device"] = device.type  # the random streams of a run depend on it
-    parts = _parts(cfg)
+    parts = _parts(cfg, choices)
     parts.engine = stacking.engine_for(parts.engine)  # in a stacked sweep's group: rounds trained together
     if held is not None and cfg.overwrite:
         clear_run(run_dir)
+        run_log.claim(run_dir, fresh=True)  # the replaced run's log goes with it
         log.warning("overwrite=true: removed %s from %s", held, run_dir)
     elif held is not None and not cfg.resume:
         raise FolderHeld(f"{run_dir} holds {held}; nothing was changed: continue it with resume=true, keep it with "
@@ -301,6 +324,7 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     if started != device.type:
         raise ValueError(f"resume=true on {device.type}, but the run started on {started}, where its random streams "
                          f"differ: resume it with device={started}, or start a new run")
+    run_log.claim(run_dir, fresh=False)  # resumed: its log goes on (claimed already when the folder held nothing)
     fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale,
                    download=cfg.data.download)
     settings = fed.settings  # num_clients=null is now the dataset's number of clients
@@ -318,7 +342,7 @@ def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if k in RECORDED_CHOICES}
     with open_dict(cfg):
         del cfg["hydra"]
-    return train(cfg, run_dir, choices)
+    return train(cfg, run_dir, choices, list(overrides))
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -14,7 +14,7 @@ from fedagg.aggregators.inputs import RoundInputs
 from fedagg.aggregators.krum import Krum
 from fedagg.attacks.base import Attack
 from fedagg.attacks.model import SignFlip
-from fedagg.channel import DP, QSGD, Channel, RandK, Sign, TopK
+from fedagg.channel import DP, QSGD, Channel, RandK, Setup, Sign, TopK
 from fedagg.channel.privacy import epsilon
 from fedagg.run import train
 from conftest import compose_config
@@ -105,19 +105,19 @@ def test_none_passes_the_models_and_the_attack_acts_on_what_the_channel_sends():
 def test_dp_clips_and_adds_one_noise_vector_of_the_stated_deviation():
     dp = DP(noise_multiplier=1.0, clip=1.0)
     u = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
-    got = dp.compress(u, torch.Generator().manual_seed(3))
+    got = dp.privatise(u, torch.Generator().manual_seed(3))
     noise = got - torch.tensor([[0.6, 0.8], [0.3, 0.4]])  # clipped to ‖·‖ = 1; the short one untouched
     torch.testing.assert_close(noise[0], noise[1], rtol=0, atol=1e-6)  # a mean with weights summing to 1 gets it once
     k, p = 4, 40000
-    big = DP(noise_multiplier=2.0, clip=0.5).compress(torch.zeros(k, p), torch.Generator().manual_seed(4))
+    big = DP(noise_multiplier=2.0, clip=0.5).privatise(torch.zeros(k, p), torch.Generator().manual_seed(4))
     sd = 2.0 * 0.5 / k
     assert abs(float(big[0].std()) - sd) < 5 * sd / math.sqrt(2 * p)  # z S / K, within 5 standard errors
 
 
 def test_adaptive_clipping_follows_the_clipped_share():
-    dp = DP(noise_multiplier=1.0, clip=1.0, adaptive=True, target_quantile=0.25, count_noise=1e-9)
-    dp.compress(torch.tensor([[0.5, 0.0], [2.0, 0.0], [3.0, 0.0], [0.9, 0.0]]), G)  # 2 of 4 within S
-    assert dp.clip == pytest.approx(math.exp(-0.2 * (0.5 - 0.25)), rel=1e-6)
+    dp = DP(noise_multiplier=1.0, clip=1.0, adaptive=True, target_quantile=0.25, count_noise=1e-4)
+    dp.privatise(torch.tensor([[0.5, 0.0], [2.0, 0.0], [3.0, 0.0], [0.9, 0.0]]), G)  # 2 of 4 within S
+    assert dp.clip == pytest.approx(math.exp(-0.2 * (0.5 - 0.25)), rel=1e-4)  # the count noise: sd 0.2 * 1e-4 / 4
     assert dp.metrics()["dp_clip"] == 1.0  # the bound this round used
     assert DP(adaptive=True, count_noise=2.0).effective_multiplier(10) == pytest.approx((1 + 0.25) ** -0.5)
 
@@ -135,11 +135,11 @@ def test_accountant_epsilon():
 
 def test_dp_is_refused_with_a_rule_that_is_not_a_fixed_weighted_mean():
     with pytest.raises(ValueError, match=r"^channel=dp is not allowed with aggregator Krum: its rule is not a weighted"):
-        DP().check(Krum(), 100, 10)
+        DP().check(Krum(), Setup(100, 10))
     with pytest.raises(ValueError, match=r"^aggregator.weighting=samples is not allowed with channel=dp"):
-        DP().check(FedAvg(), 100, 10)
+        DP().check(FedAvg(), Setup(100, 10))
     dp = DP()
-    dp.check(FedAvg(weighting="uniform"), 100, 10)
+    dp.check(FedAvg(weighting="uniform"), Setup(100, 10))
     assert dp.rate == 0.1 and dp.delta == pytest.approx(100**-1.1)
 
 
@@ -156,7 +156,7 @@ def test_a_composed_channel_runs_and_reports_bits_and_epsilon(tmp_path):
     eps = [float(c["dp_epsilon"]) for c in cols]
     assert 0 < eps[0] < eps[1] and summary["final_dp_epsilon"] == pytest.approx(eps[1])
     assert eps[1] == pytest.approx(epsilon(1.0, 1.0, 2, 10**-1.1))  # every client each round: q = 1, δ = 1/N^1.1
-    with pytest.raises(ValueError, match=r"^channel=dp is not allowed with aggregator Krum"):
+    with pytest.raises(ValueError, match=r"^channel=dp is not allowed with aggregator=krum"):
         run_experiment(["channel=dp", "aggregator=krum", "rounds=1"], tmp_path / "refused")
     assert not (tmp_path / "refused" / "metrics.csv").exists()
 

@@ -32,7 +32,7 @@ def test_constant_schedule():
 
 @pytest.mark.parametrize(
     "kwargs, key",
-    [({"lr": 0}, "client.lr=0"), ({"momentum": 1.0}, "client.momentum=1.0"), ({"nesterov": True}, "client.nesterov=True"),
+    [({"lr": 0}, "client.lr=0"), ({"momentum": 1.0}, "client.momentum=1.0"), ({"nesterov": True}, "client.nesterov=true"),
      ({"schedule": "cosine"}, "client.schedule='cosine'"), ({"val_frac": 1.0}, "client.val_frac=1.0"),
      ({"batch_size": 0}, "client.batch_size=0"), ({"milestones": [1.5]}, r"client.milestones=\[1.5\]")],
 )

@@ -29,8 +29,8 @@ class Rule:
 # (values, the constructor's line, the config check's line when its type check speaks first, else the same)
 LINES = [
     ({"beta": 0.5}, "aggregator.beta=0.5 is not allowed; it must be a number in [0, 0.5)", None),
-    ({"beta": True}, "aggregator.beta=True is not allowed; it must be a number in [0, 0.5)",
-     "aggregator.beta=True is not allowed; it must be a number"),
+    ({"beta": True}, "aggregator.beta=true is not allowed; it must be a number in [0, 0.5)",
+     "aggregator.beta=true is not allowed; it must be a number"),
     ({"beta": float("nan")}, "aggregator.beta=nan is not allowed; it must be a number in [0, 0.5)",
      "aggregator.beta=nan is not allowed; it must be a finite number"),
     ({"steps": 0}, "aggregator.steps=0 is not allowed; it must be an integer > 0", None),
@@ -58,7 +58,7 @@ def test_constructor_and_config_check_refuse_in_one_line(values, line, config_li
 
 def test_none_passes_only_where_the_annotation_admits_it():
     assert Rule(steps=None).beta == 0.1
-    with pytest.raises(ValueError, match=r"^aggregator\.beta=None is not allowed"):
+    with pytest.raises(ValueError, match=r"^aggregator\.beta=null is not allowed"):
         Rule(beta=None)
 
 

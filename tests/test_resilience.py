@@ -132,7 +132,7 @@ BAD_INPUT = [
     ("clients_per_round=11", r"^clients_per_round=11 is not allowed; it must be an integer from 1 to num_clients=10"),
     ("eval_every=0", r"^eval_every=0 is not allowed"),
     ("target_acc=1.5", r"^target_acc=1.5 is not allowed; it must be a fraction in \(0, 1\]"),
-    ("stop_at_target=true", r"^stop_at_target=True is not allowed; it needs a target_acc to stop at"),
+    ("stop_at_target=true", r"^stop_at_target=true is not allowed; it needs a target_acc to stop at"),
     ("device=tpu", r"^device='tpu' is not allowed; choose one of auto, cpu, cuda$"),
     ("checkpoint_every=-1", r"^checkpoint_every=-1 is not allowed"),
     ("seed=abc", r"^seed='abc' is not allowed; it must be an integer$"),

@@ -73,6 +73,10 @@ class Aggregator(metaclass=Named):
     # (weighting=uniform gives p = 1/K): channel=dp's noise on that mean is then all the server reveals.
     # Opt-in: a rule that looks at the updates (Krum, medians, FedAdp, FedExP's step size) keeps False.
     weighted_mean: ClassVar[bool] = False
+    # True: the rule compresses each upload itself (FedCAMS), so a compressing channel would compress it twice;
+    # `same_uncompressed` names the option that is the rule without its own compression, as the user types it
+    compresses_uploads: ClassVar[bool] = False
+    same_uncompressed: ClassVar[str] = ""
     _reported: dict[str, float] | None = None
 
     @checked("aggregator.")

@@ -68,6 +68,8 @@ class FedCAMS(FedAMS):
     """`conf/aggregator/fedcams.yaml`: FedAMS on g = sum_k p_k C(Delta_k + e_k), error feedback per client id."""
 
     weighted_mean = False  # it compresses inside: channel=dp would clip what it then changes
+    compresses_uploads = True
+    same_uncompressed = "aggregator=fedams"  # with the channel's sign or topk (rounding=floor): see the module
 
     @checked("aggregator.")
     def __init__(

@@ -27,7 +27,7 @@ from fedagg.aggregators.base import AggregateResult, Aggregator, sample_weights
 from fedagg.aggregators.blocks import weighted_update
 from fedagg.aggregators.inputs import ClientSetup, Needs, RoundInputs
 from fedagg.clients.trainer import LocalSolver
-from fedagg.config.constraints import OneOf, Range, Tune, checked
+from fedagg.config.constraints import OneOf, Range, Tune, checked, typed
 
 TAU_EFF = ("a", "steps")
 
@@ -63,7 +63,7 @@ class FedNova(Aggregator):
         solver = setup.solver
 
         def refuse(key: str, value, why: str) -> None:
-            raise ValueError(f"{key}={value!r} is not allowed with aggregator=fednova: {why}")
+            raise ValueError(f"{key}={typed(value)} is not allowed with aggregator=fednova: {why}")
 
         if solver.nesterov:
             refuse("client.nesterov", True, "FedNova's a_k has no formula for Nesterov momentum; use client.nesterov=false")

@@ -56,6 +56,9 @@ class Bits:
 
     down: int
     up: int
+    # of `up`, what the method sends beside its model (SCAFFOLD's Δc_k): a channel that compresses the model
+    # replaces the rest of `up` with its own count and leaves this as it is
+    beside_model: int = 0
 
 
 def dense(num_values: int) -> int:

@@ -72,7 +72,7 @@ class Scaffold(Aggregator):
 
     def bits(self, num_params: int) -> Bits:
         """Twice the dense model each way: down w and c, up the trained model and Δc_k."""
-        return Bits(down=2 * dense(num_params), up=2 * dense(num_params))
+        return Bits(down=2 * dense(num_params), up=2 * dense(num_params), beside_model=dense(num_params))
 
     def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
         delta_c = inputs.payloads["delta_c"]

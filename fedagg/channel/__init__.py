@@ -4,9 +4,9 @@ One stage after local training, for every engine and every aggregator: compressi
 per-client error feedback, the corrupted clients' model attacks, clipping and noise.
 """
 
-from fedagg.channel.base import Channel, Stage
+from fedagg.channel.base import Channel, Setup, Stage
 from fedagg.channel.compress import QSGD, RandK, Sign, TopK
 from fedagg.channel.errors import ErrorMemory
 from fedagg.channel.privacy import DP
 
-__all__ = ["DP", "QSGD", "Channel", "ErrorMemory", "RandK", "Sign", "Stage", "TopK"]
+__all__ = ["DP", "QSGD", "Channel", "ErrorMemory", "RandK", "Setup", "Sign", "Stage", "TopK"]

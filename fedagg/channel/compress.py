@@ -84,7 +84,7 @@ class QSGD(Stage):
     s|u_i|/‖u‖₂ to a neighbouring multiple of 1/s (unbiased)."""
 
     @checked("channel.qsgd.")
-    def __init__(self, levels: Annotated[int, Range(ge=1, words="it must be an integer >= 1")] = 4,
+    def __init__(self, levels: Annotated[int, Range(ge=1, integer=True, words="it must be an integer >= 1")] = 4,
                  error_feedback: EF = False) -> None:
         self.levels, self.error_feedback = int(levels), bool(error_feedback)
 

@@ -25,7 +25,7 @@ from fedagg.clients.client import ClientData
 from fedagg.clients.objectives import LocalWork, Objective
 from fedagg.clients.stacked_sgd import StackedSGD
 from fedagg.clients.store import ClientStore
-from fedagg.config.constraints import Items, Range, Tune, checked
+from fedagg.config.constraints import Items, Range, Tune, checked, typed
 from fedagg.models.flat import unflatten
 
 Count = Annotated[int, Range(ge=1, integer=True, words="it must be an integer >= 1")]
@@ -45,7 +45,7 @@ class LocalSolver:
 
 def _check(condition: bool, key: str, value, allowed: str) -> None:
     if not condition:
-        raise ValueError(f"client.{key}={value!r} is not allowed; {allowed}")
+        raise ValueError(f"client.{key}={typed(value)} is not allowed; {allowed}")
 
 
 class LocalSGD:

@@ -169,8 +169,17 @@ def constraints(function: Callable) -> dict[str, tuple[Constraint, bool]]:
     return {name: (c, nullable) for name, (c, nullable) in found.items() if c is not None}
 
 
+def typed(value) -> str:
+    """A value as the user writes it on the command line or in YAML: null, true, false; others as Python shows them."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
 def refusal(prefix: str, name: str, value, constraint: Constraint) -> ValueError:
-    return ValueError(f"{prefix}{name}={constraint.shown(value)!r} is not allowed; {constraint.allowed}")
+    return ValueError(f"{prefix}{name}={typed(constraint.shown(value))} is not allowed; {constraint.allowed}")
 
 
 def check(prefix: str, declared: dict[str, tuple[Constraint, bool]], values: dict[str, Any]) -> None:

@@ -67,7 +67,8 @@ def labels_key(data) -> tuple:
 
 
 class DeviceData:
-    def __init__(self, bundle, device: torch.device, input_shape: tuple[int, ...]) -> None:
+    def __init__(self, bundle, device: torch.device, input_shape: tuple[int, ...], model: str = "the model") -> None:
+        """`input_shape`: what the model takes (one sample); `model`: how a refusal names it ("model LSTMShakespeare")."""
         self.name = bundle.name
         self.num_classes = bundle.num_classes
         self.augment = bool(bundle.augment)
@@ -84,20 +85,21 @@ class DeviceData:
         if self.inputs != "images":  # features and token sequences are served as they are: the model must fit them
             given = tuple(self.prepare(self.train_x[:1]).shape[1:])
             if given != self.input_shape:
-                raise ValueError(f"the model expects inputs of shape {self.input_shape} but dataset {self.name!r} "
+                raise ValueError(f"{model} needs inputs of shape {self.input_shape} but dataset {self.name!r} "
                                  f"has {self.inputs} of shape {given}; choose a model built for {self.inputs}")
             return
         if len(self.input_shape) != 3:
-            raise ValueError(f"the model expects inputs of shape {self.input_shape} but dataset {self.name!r} has "
-                             "images; choose a model built for images")
+            shape = tuple(self.train_x.shape[1:])
+            raise ValueError(f"{model} needs inputs of shape {self.input_shape} but dataset {self.name!r} has images "
+                             f"of shape {shape}; choose a model built for images")
         channels = self.train_x.shape[1]
         self.mean = torch.tensor(bundle.mean, dtype=torch.float32, device=device).view(1, channels, 1, 1)
         self.std = torch.tensor(bundle.std, dtype=torch.float32, device=device).view(1, channels, 1, 1)
         want_c, want_h, want_w = input_shape
         if want_c != channels and channels != 1:
             raise ValueError(
-                f"the model expects {want_c}-channel input but dataset {self.name!r} has {channels} channels; "
-                "only 1-channel images can be repeated to fit"
+                f"{model} needs {want_c}-channel input of shape {self.input_shape} but dataset {self.name!r} has "
+                f"{channels} channels; only 1-channel images can be repeated to fit"
             )
 
     def add_feature_noise(self, parts: list[Tensor], sigma: float, seed: int) -> None:

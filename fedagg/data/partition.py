@@ -15,9 +15,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedagg.config.constraints import typed
+
 
 def _fail(name: str, value, allowed: str):
-    raise ValueError(f"{name}={value!r} is not allowed: {allowed}")
+    raise ValueError(f"{name}={typed(value)} is not allowed: {allowed}")
 
 
 def _check_int(name: str, value, lo: int, hi: int | None = None, why: str = "") -> int:

@@ -88,6 +88,12 @@ def pachinko(labels: Tensor, num_clients: int, *, generator: torch.Generator, sa
     beta = _check_real("partition.beta", beta, 0.0, strict=True)
     spc = _check_int("partition.samples_per_client", samples_per_client, 1, n // num_clients,
                      f" so that num_clients={num_clients} clients fit in {n} samples")
+    top = int(labels.max())
+    if coarse_of is None and top + 1 < len(CIFAR100_COARSE):  # CIFAR-100's table would group unrelated labels
+        example = [c * 2 // (top + 1) for c in range(top + 1)] if top < 20 else "[...]"
+        _fail("partition.coarse_of", None, f"null means CIFAR-100's table of 100 fine labels to 20 coarse ones, but "
+              f"these labels run 0..{top}; give each label's coarse label, e.g. partition.coarse_of="
+              f"{str(example).replace(' ', '')}")
     coarse_of = np.asarray(CIFAR100_COARSE if coarse_of is None else list(coarse_of), dtype=np.int64)
     if int(labels.max()) >= len(coarse_of) or int(labels.min()) < 0:
         _fail("partition.coarse_of", "null (CIFAR-100's)" if len(coarse_of) == 100 else list(coarse_of),

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fedagg.data.datasets import DatasetBundle
+from fedagg.config.constraints import typed
 from fedagg.data.seeding import stream_seed
 
 DIM, CLASSES = 60, 10
@@ -63,7 +64,7 @@ def generate(num_devices: int, alpha: float, beta: float, iid: bool, seed: int, 
 
 def _check(key: str, ok: bool, value, allowed: str) -> None:
     if not ok:
-        raise ValueError(f"dataset.{key}={value!r} is not allowed; {allowed}")
+        raise ValueError(f"dataset.{key}={typed(value)} is not allowed; {allowed}")
 
 
 def synthetic(root: str | None = None, *, alpha: float = 1.0, beta: float = 1.0, iid: bool = False,

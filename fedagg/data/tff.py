@@ -72,22 +72,40 @@ def provide(name: str, root: str, download: bool, how_by_hand: str) -> list[Path
     return files
 
 
+def _unreadable(name: str, path: Path, err: Exception) -> DataError:
+    return DataError(f"{name}: cannot read {path} as TFF's h5 file ({type(err).__name__}: {err}); fetch it again, "
+                     f"or remove it and set data.download=true")
+
+
 def _clients(name: str, files: list[Path], features: tuple[str, ...]):
-    """(client id, {feature: train array}, {feature: test array}) for every client, in sorted id order."""
+    """(client id, {feature: train array}, {feature: test array}) for every client, in sorted id order; a file that
+    is not TFF's is named."""
     h5 = h5py()
+    opened = []
     try:
-        with h5.File(files[0], "r") as train, h5.File(files[1], "r") as test:
-            ids, test_ids = sorted(train["examples"]), set(test["examples"])
-            if set(ids) != test_ids:
-                odd = sorted(set(ids) ^ test_ids)[0]
-                raise DataError(f"{name}: client {odd} is in only one of {files[0].name} and {files[1].name}; "
-                                f"TFF's files hold every client in both: fetch them again into {files[0].parent}")
-            for cid in ids:
-                yield (cid, {f: train["examples"][cid][f][()] for f in features},
-                       {f: test["examples"][cid][f][()] for f in features})
-    except (OSError, KeyError) as err:
-        raise DataError(f"{name}: cannot read {files[0].parent} as TFF's h5 files ({type(err).__name__}: {err}); "
-                        "fetch them again") from None
+        for path in files:
+            try:
+                opened.append(h5.File(path, "r"))
+                opened[-1]["examples"].keys()
+            except (OSError, KeyError) as err:
+                raise _unreadable(name, path, err) from None
+        train, test = opened
+        ids, test_ids = sorted(train["examples"]), set(test["examples"])
+        if set(ids) != test_ids:
+            odd = sorted(set(ids) ^ test_ids)[0]
+            raise DataError(f"{name}: client {odd} is in only one of {files[0].name} and {files[1].name}; "
+                            f"TFF's files hold every client in both: fetch them again into {files[0].parent}")
+        for cid in ids:
+            rows = []
+            for path, h5file in zip(files, opened):
+                try:
+                    rows.append({f: h5file["examples"][cid][f][()] for f in features})
+                except (OSError, KeyError) as err:
+                    raise _unreadable(name, path, err) from None
+            yield (cid, *rows)
+    finally:
+        for h5file in opened:
+            h5file.close()
 
 
 def femnist_parts(files: list[Path], pixels_to_uint8, classes: int) -> dict[str, list[list[np.ndarray]]]:

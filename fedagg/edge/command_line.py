@@ -4,22 +4,43 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from fedagg.edge import CONF
-from fedagg.loop.schema import META_KEYS
+from fedagg.loop.schema import META_KEYS, check_node
 
 
-def _option_line(group: str, value: str, options: list[str]) -> str:
+def _option_line(group: str, value: str, options: list[str], listed: str | None = None) -> str:
+    """One line for an option the group does not have; `listed`: the list it was named in (`channel=[topk,zip]`)."""
     lowered = {o.lower(): o for o in options}
     close = [lowered[value.lower()]] if value.lower() in lowered else difflib.get_close_matches(value, options, n=1)
+    if listed is not None:
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return f"{listed} is not allowed: {value} is not a {group} option{hint} (options: {', '.join(options)})"
     hint = f"; did you mean {group}={close[0]}?" if close else ""
     return f"{group}={value} is not an option{hint} (options: {', '.join(options)})"
+
+
+def _named(value) -> list[str]:
+    """The option names a group override's value (or one value of a sweep) gives: one, or a list's."""
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def _shown(group: str, value) -> str:
+    return f"{group}=[{','.join(_named(value))}]" if isinstance(value, list) else f"{group}={value}"
+
+
+def _sweep_values(o) -> list:
+    """A sweep override's values, each a name or a list of names (`channel=none,[topk,dp]`)."""
+    value = o.value()
+    return list(value.list) if isinstance(value, ChoiceSweep) else list(o.sweep_string_iterator())
 
 
 def _keys(node, prefix: str = "") -> set[str]:
@@ -89,15 +110,31 @@ def _unknown_key_line(loader, parsed: list, lines: list[str], failing: str, mult
     return f"{key} is not a setting fedagg knows; did you mean {near}={value}?{where}"
 
 
+_composed: dict[tuple[str, ...], DictConfig] = {}  # one command line's configs, composed once each
+
+
+def _compose(lines: list[str]) -> DictConfig:
+    if tuple(lines) not in _composed:
+        _composed[tuple(lines)] = compose(config_name="config", overrides=lines, return_hydra_config=True)
+    return _composed[tuple(lines)]
+
+
 def _composition_problem(loader, parsed: list, lines: list[str], multirun: bool) -> str | None:
     """One line for why the overrides `lines` do not compose, or None when they do (or Hydra says it better)."""
     try:
-        compose(config_name="config", overrides=lines, return_hydra_config=True)
+        _compose(lines)
     except MissingConfigException as err:
         for line in lines:
-            group, _, value = line.partition("=")
-            if f"{group}/{value}" == err.missing_cfg_file:
-                return _option_line(group, value, list(err.options or []))
+            try:
+                (o,) = OverridesParser.create().parse_overrides([line])
+                value = o.value()
+            except (HydraException, ValueError):
+                continue
+            for name in _named(value) if not o.is_sweep_override() else []:
+                if f"{o.key_or_group}/{name}" == err.missing_cfg_file:
+                    listed = _shown(o.key_or_group, value) if isinstance(value, list) else None
+                    options = list(err.options or []) or loader.get_group_options(o.key_or_group)
+                    return _option_line(o.key_or_group, name, options, listed)
     except ConfigCompositionException as err:
         if found := re.match(r"Could not append to config. An item is already at '([^']+)'", str(err)):
             line = next((line for line in lines if line.startswith(f"+{found.group(1)}=")), None)
@@ -125,22 +162,70 @@ def explain_composition_error(argv: list[str]) -> str | None:
         return None
     sweeps = [o for o in parsed if multirun and o.is_sweep_override()]
     first = [o.input_line for o in parsed if o not in sweeps]
+    _composed.clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         if problem := _composition_problem(loader, parsed, first, multirun):
             return problem
         for o in (o for o in sweeps if loader.repository.group_exists(o.key_or_group)):  # composed job by job
             options = loader.get_group_options(o.key_or_group, config_name="config", overrides=first)
-            for value in o.sweep_string_iterator():
-                if value not in options:
-                    return _option_line(o.key_or_group, value, options)
-                loaded = loader.repository.load_config(f"{o.key_or_group}/{value}")
-                dotted = o.key_or_group.replace("/", ".")
-                for add in (a for a in parsed if a.is_add() and a.key_or_group.startswith(f"{dotted}.")):
-                    if add.key_or_group in _keys(loaded.config if loaded else None, f"{dotted}."):
-                        return (f"{add.input_line} adds a key that {o.key_or_group}={value} already has, which Hydra "
-                                f"refuses in that job: write +{add.input_line} to add or set it in every job")
+            for value in _sweep_values(o):
+                for name in _named(value):
+                    if name not in options:
+                        listed = _shown(o.key_or_group, value) if isinstance(value, list) else None
+                        return _option_line(o.key_or_group, name, options, listed)
+                    loaded = loader.repository.load_config(f"{o.key_or_group}/{name}")
+                    dotted = o.key_or_group.replace("/", ".")
+                    for add in (a for a in parsed if a.is_add() and a.key_or_group.startswith(f"{dotted}.")):
+                        if add.key_or_group in _keys(loaded.config if loaded else None, f"{dotted}."):
+                            return (f"{add.input_line} adds a key that {o.key_or_group}={name} already has, which "
+                                    f"Hydra refuses in that job: write +{add.input_line} to add or set it in every job")
         if sweeps:
             job = first + [f"{o.get_key_element()}={next(o.sweep_string_iterator())}" for o in sweeps]
-            return _composition_problem(loader, parsed, job, multirun)
+            if problem := _composition_problem(loader, parsed, job, multirun):
+                return problem
+        return _output_problem(job if sweeps else first, multirun)
+
+
+def _output_problem(lines: list[str], multirun: bool) -> str | None:
+    """One line for where the results would go that Hydra cannot use (a folder that is a file) or a launcher
+    setting its constructor does not take, or None."""
+    try:
+        cfg = _compose(lines)
+    except HydraException:
+        return None
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        folder = Path(str(OmegaConf.select(cfg, key)))
+    except Exception:  # noqa: BLE001 - ${now:...} and the like resolve only inside Hydra's app: left to it
+        folder = None
+    if folder is not None:
+        blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            what = "is a file" if blocking == folder else f"is inside {blocking}, a file"
+            return f"{key}={folder} is not allowed: it {what}, not a folder; give a folder for the results"
+    launcher = cfg.hydra.get("launcher")
+    if multirun and isinstance(launcher, DictConfig) and "_target_" in launcher:
+        try:
+            check_node(launcher, "hydra.launcher.")
+        except ValueError as err:
+            return str(err)
+        except Exception:  # noqa: BLE001 - a launcher that does not load here is Hydra's to report
+            return None
     return None
+
+
+def in_user_words(message: str, overrides: list[str]) -> str:
+    """`message` with each `key=value` of a number the user typed as they typed it (`1e300`, not `1e+300`)."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return message
+    for o in parsed:
+        typed = o.input_line.split("=", 1)[1] if "=" in o.input_line else None
+        value = o.value() if not o.is_sweep_override() else None
+        if typed is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        for shown in {repr(value), repr(float(value))}:
+            message = message.replace(f"{o.key_or_group}={shown} ", f"{o.key_or_group}={typed} ")
+    return message

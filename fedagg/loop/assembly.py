@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.inputs import ClientSetup, Needs
 from fedagg.attacks.base import Attack
-from fedagg.channel.base import Channel
+from fedagg.channel.base import Channel, Setup
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
@@ -51,6 +51,7 @@ class Parts:
     attack: Attack = field(default_factory=Attack)  # which clients are corrupted, and how
     channel: Channel | list | None = None  # what clients send (compression, privacy): a Channel or a list of stages
     noise: float = 0.0  # partition.noise: client i of N sees Gaussian noise of sd noise * i / N on its images
+    choices: dict = field(default_factory=dict)  # group -> option as the user chose it, for refusals in their words
 
 
 @dataclass
@@ -83,7 +84,10 @@ def connect(parts: Parts, settings: Settings) -> None:
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
     parts.channel = Channel.of(parts.channel)
-    parts.channel.check(parts.aggregator, settings.num_clients, settings.per_round)
+    chosen = parts.choices.get("aggregator")
+    parts.channel.check(parts.aggregator, Setup(
+        settings.num_clients, settings.per_round, sampleable=settings.num_clients - len(settings.held_out_ids),
+        online_varies=parts.system.takes_clients_offline, aggregator=f"aggregator={chosen}" if chosen else ""))
     check_held_out(trainer.val_frac, trainer.test_frac, parts.aggregator.needs, settings.eval_per_client)
     if settings.eval_split == "val" and not settings.held_out and effective_val_frac(trainer.val_frac, parts.aggregator.needs) == 0:
         raise ValueError(f"eval.split=val needs validation data, but client.val_frac={trainer.val_frac} holds none out; "
@@ -150,7 +154,7 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     bundle = None
     if settings.num_clients is None:  # all of the dataset's own clients: how many is known once it is loaded
         if not takes_owners(parts.partition):
-            raise ValueError("num_clients=None is only allowed with partition=natural (all of a federated dataset's "
+            raise ValueError("num_clients=null is only allowed with partition=natural (all of a federated dataset's "
                              "own clients); give the number of clients to split the data into")
         bundle = parts.dataset(root=str(Path(data_root).expanduser()), download=download)
         if bundle.train_owner is None:
@@ -181,7 +185,7 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
             bundle.test_x, bundle.test_y = bundle.test_x[test_subset], bundle.test_y[test_subset]
     stats = partition_stats(pool_labels, split, bundle.num_classes)
     model = build_model(parts.model, bundle, settings.seed, device)
-    data = DeviceData(bundle, device, model.input_shape)
+    data = DeviceData(bundle, device, model.input_shape, model=f"model {type(model).__name__}")
     check_fits(model, data)
     if parts.noise > 0:
         data.add_feature_noise([pool[p] for p in split], float(parts.noise), settings.seed)

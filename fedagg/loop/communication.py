@@ -6,8 +6,9 @@ report send back: their model (as the method sends it: FedCAMS compresses it) an
 buffers. A straggler sends its model after fewer steps, so it counts in full; a client
 that drops out (`system=dropout`) was sent the model but sends nothing back. What a method
 sends per client it declares in `Aggregator.bits`; buffers are always dense 32-bit. A
-channel that compresses (`channel=topk`, ...) replaces the aggregator's up count with what
-its last compressor sends (SPEC "Upload channel").
+channel that compresses (`channel=topk`, ...) replaces the model's part of the up count with
+what its last compressor sends (SPEC "Upload channel"); what the method sends beside the model
+(SCAFFOLD's Δc) is counted as the method declares it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class BitCounter:
         """The round's metrics columns: bits sent down to `sampled` clients, up from the `reported` ones, totals."""
         per_client = self.aggregator.bits(self.num_params)
         sent = self.channel.bits_up(self.num_params)
-        up_each = per_client.up if sent is None else sent
+        up_each = per_client.up if sent is None else sent + per_client.beside_model  # the channel sends the model
         buffers = dense(self.num_buffers)
         down, up = sampled * (per_client.down + buffers), reported * (up_each + buffers)
         if self.up_total is not None:

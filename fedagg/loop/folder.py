@@ -54,6 +54,21 @@ def held_run(path: Path) -> str | None:
     return f"the files of a run that did not finish ({', '.join(present)})"
 
 
+def held_sweep(path: Path) -> str | None:
+    """The runs the folder holds below its top, in words ("a sweep: 3 runs in its subfolders, e.g. 0"), or None.
+    A run written at the top of such a folder (a sweep's) would hide them from the tables and reports that read
+    it. Two levels down, where Hydra's sweeps put their jobs (a run's own client_state is not searched)."""
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    runs = sorted({p.parent for pattern in ("*/summary.json", "*/*/summary.json") for p in path.glob(pattern)})
+    sweep = (path / "multirun.yaml").exists()
+    if not runs:
+        return "a sweep (its multirun.yaml)" if sweep else None
+    where = f"{len(runs)} run{'' if len(runs) == 1 else 's'} in its subfolders, e.g. {runs[0].relative_to(path)}"
+    return f"a sweep: {where}" if sweep else where
+
+
 def clear_run(path: Path) -> None:
     """Remove every file a run writes (and their unfinished temp files), so that a new run starts from nothing."""
     for name in RUN_FILES:

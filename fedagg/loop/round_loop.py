@@ -25,9 +25,9 @@ from fedagg.loop.evaluation import evaluate, per_client_accuracy, spread
 from fedagg.loop.inputs import InputsProvider
 from fedagg.loop.interrupts import StoppedNow, StopRequests
 from fedagg.loop.progress import RoundProgress
-from fedagg.loop.settings import Settings, sample_clients
+from fedagg.loop.settings import Settings, sample_clients, sampling_rate
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
-from fedagg.tracking.files import CSVLog, clean_number, write_json
+from fedagg.tracking.files import CSVLog, clean_number, summary_values, write_json
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ class RoundLoop:
         fed, seed = self.fed, self.settings.seed
         online = fed.system.online(seed, r, self.settings.num_clients)
         sampled = sample_clients(self.settings, r, online)
+        rate = sampling_rate(self.settings, online)
         ids = fed.system.reporting(seed, r, sampled)
         bits = self.bits.count(len(sampled), len(ids))  # down to every sampled client, up from those that report
         lr = fed.trainer.lr_at(r, self.settings.rounds)
@@ -112,7 +113,7 @@ class RoundLoop:
         result = fed.engine.train_round(RoundJob(
             fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=seed, round=r,
             val_indices=self.provider.val_indices(chosen), budgets=budgets))
-        self.transmit(r, ids, result)
+        self.transmit(r, ids, result, rate)
         inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr, fed.engine.clients_in_memory)
         out = fed.aggregator.aggregate(inputs)
         new_params, weights = out.params, out.weights
@@ -121,7 +122,9 @@ class RoundLoop:
                **round_diagnostics(self.params, new_params, result.params, weights, inputs.block_rows),
                "lr": lr, "clients": len(chosen), **bits, **(sent := fed.channel.metrics()),
                **{f"agg_{k}": v for k, v in fed.aggregator.take_diagnostics().items()}}
-        self.summary.update({f"final_{k}": v for k, v in sent.items()})  # e.g. final_dp_epsilon
+        for key in sent:
+            self.summary.pop(f"final_{key}_infinite", None)  # set again below while the value is infinite
+        self.summary.update(summary_values(sent))  # e.g. final_dp_epsilon
         self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t)}
                                 for i, w, n, t in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
                                                       result.local_steps.tolist()))
@@ -129,14 +132,15 @@ class RoundLoop:
         self.buffers = combine_buffers(result.buffers, out.weights_for_buffers())
         return row
 
-    def transmit(self, r: int, ids: list[int], result: RoundResult) -> None:
+    def transmit(self, r: int, ids: list[int], result: RoundResult, rate: float | None = None) -> None:
         """What the participants send passes the upload channel (compression, the corrupted clients' attack,
-        clipping and noise), in this one place, before aggregation."""
+        clipping and noise), in this one place, before aggregation; `rate`: the round's sampling rate."""
         rows = [k for k, i in enumerate(ids) if i in self.corrupted]
         mask = torch.zeros(len(ids), dtype=torch.bool, device=result.params.device)
         mask[rows] = True
         channel = self.fed.channel
-        result.params = channel.transmit(self.params, result.params, ids, mask, self.fed.attack, self.settings.seed, r)
+        result.params = channel.transmit(self.params, result.params, ids, mask, self.fed.attack, self.settings.seed, r,
+                                         rate)
         changed = list(range(len(ids))) if channel.stages else rows  # a compressor changes every model
         if changed:
             self.provider.rescore(result, changed, self.fed.engine.eval_batch_size)

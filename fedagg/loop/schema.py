@@ -26,7 +26,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
-from fedagg.config.constraints import check, constraints
+from fedagg.config.constraints import check, constraints, typed
 from fedagg.config.names import DISPLAY_NAME, takes_display_name
 from fedagg.loop import threads
 
@@ -108,7 +108,7 @@ def _field_hint(schema, dotted: str):
 def _shown(value) -> str:
     if isinstance(value, (DictConfig, ListConfig)):
         return str(OmegaConf.to_container(value))
-    return repr(value)
+    return typed(value)
 
 
 def _unknown(prefix: str, key: str, known: list[str], elsewhere: list[str] = ()) -> ValueError:
@@ -153,7 +153,11 @@ def check_node(node: DictConfig, prefix: str, shared: dict | None = None) -> Non
     function = target.__init__ if inspect.isclass(target) else target
     params = {n: p for n, p in inspect.signature(function).parameters.items() if n != "self"}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return  # it takes any keyword: nothing to check against
+        # it takes any keyword (the channel takes its stages by name): only the options inside it can be checked
+        for key in node:
+            if key not in META_KEYS and isinstance(node._get_node(key), DictConfig) and "_target_" in node[key]:
+                check_node(node[key], f"{prefix}{key}.")
+        return
     try:
         hints, declared = typing.get_type_hints(function), constraints(function)
     except (NameError, TypeError):  # an annotation that names what only a type checker imports: check no types
@@ -212,4 +216,8 @@ def check_config(cfg: DictConfig, groups: tuple[str, ...]) -> None:
     for group in groups:
         if group == "model" and cfg.get("model") is None:
             continue  # model: null, the dataset's default_model, filled in by the edge before a run
+        if group not in cfg:  # an empty list of options composes to nothing
+            hint = "channel=none for no stage, or stages in a list, e.g. channel=[topk,dp]" if group == "channel" \
+                else f"one option, {group}=NAME"
+            raise ValueError(f"{group}=[] is not allowed; an empty list chooses no {group} option: choose {hint}")
         check_node(cfg[group], f"{group}.", SHARED_KEYS.get(group))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fedagg.config.constraints import typed
 from fedagg.data.seeding import generator
 
 
@@ -31,7 +32,7 @@ class Settings:
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, value, allowed: str) -> None:
             if not ok:
-                raise ValueError(f"{key}={value!r} is not allowed; {allowed}")
+                raise ValueError(f"{key}={typed(value)} is not allowed; {allowed}")
 
         need(self.eval_split in ("test", "val"), "eval.split", self.eval_split,
              "choose one of test, val (val: the clients' pooled client.val_frac splits, for tuning)")
@@ -79,14 +80,27 @@ class Settings:
         return sorted(torch.randperm(self.num_clients, generator=generator(self.seed, "held_out_clients"))[:count].tolist())
 
 
-def sample_clients(settings: Settings, round: int, online: Tensor | None = None) -> list[int]:
-    """Client ids taking part in `round`, ascending: `clients_per_round` of the clients `online` [N] marks
-    (everyone when None), or all of them when no more are online."""
+def sampling_pool(settings: Settings, online: Tensor | None = None) -> Tensor:
+    """The ids a round samples from: the clients `online` [N] marks (everyone when None), less the held-out ones."""
     pool = torch.arange(settings.num_clients) if online is None else online.nonzero().view(-1)
     if settings.held_out:  # held-out clients are only ever scored (eval.held_out_clients)
         keep = torch.ones(settings.num_clients, dtype=torch.bool)
         keep[settings.held_out_ids] = False
         pool = pool[keep[pool]]
+    return pool
+
+
+def sampling_rate(settings: Settings, online: Tensor | None = None) -> float:
+    """The chance that a client of the round's pool is sampled: K over the pool, 1 when K covers it (the privacy
+    accountant's q; held-out and offline clients are never sampled)."""
+    pool = len(sampling_pool(settings, online))
+    return min(1.0, settings.per_round / pool) if pool else 0.0
+
+
+def sample_clients(settings: Settings, round: int, online: Tensor | None = None) -> list[int]:
+    """Client ids taking part in `round`, ascending: `clients_per_round` of the clients `online` [N] marks
+    (everyone when None), or all of them when no more are online."""
+    pool = sampling_pool(settings, online)
     if settings.per_round >= len(pool):
         return pool.tolist()
     g = generator(settings.seed, "sampling", round)

@@ -10,6 +10,7 @@ though its folder still holds the summary of the earlier, interrupted attempt.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -79,6 +80,10 @@ def read_summary(path: Path) -> dict:
         raise ResultsError(f"{path} is damaged ({type(err).__name__}: {err}); repair or remove that run folder") from None
     if not isinstance(summary, dict):
         raise ResultsError(f"{path} is damaged (not a JSON object); repair or remove that run folder")
+    for key in [k for k, v in summary.items() if k.endswith("_infinite") and v is True]:
+        value = key.removesuffix("_infinite")
+        if summary.get(value) is None:
+            summary[value] = math.inf  # JSON has no infinity: the run wrote null and this flag (ε without noise)
     return summary
 
 

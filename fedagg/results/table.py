@@ -25,6 +25,7 @@ least 3 rows and 3 columns a critical-difference diagram, `cd_diagram.png`.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from collections import Counter
@@ -104,7 +105,10 @@ def measure(runs: list[dict], spec: dict) -> dict:
         return out
     values = [number(r.get(metric)) for r in done]
     reached = [v * scale for v in values if v is not None]
-    if not reached and metric != "rounds_to_target":
+    infinite = sum(1 for r in done if r.get(metric) == math.inf)  # ε without noise: a value, not a missing one
+    if infinite:
+        out["text"] = "∞" if infinite == len(done) else f"∞ ({infinite}/{len(done)} runs)"
+    elif not reached and metric != "rounds_to_target":
         out["text"] = DASH  # completed without a value (never evaluated)
     elif not reached:  # rounds_to_target never reached: report the best accuracy, as FedAdp's table does
         best = statistics.fmean(100.0 * (number(r.get("best_test_acc")) or 0.0) for r in done)

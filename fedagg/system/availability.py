@@ -23,6 +23,8 @@ BetaParameter = Annotated[float, Range(gt=0, lt=float("inf"), words="it must be 
 
 
 class Availability(System):
+    takes_clients_offline = True
+
     @checked("system.")
     def __init__(self, a: BetaParameter = 2.0, b: BetaParameter = 2.0) -> None:
         self.a, self.b = float(a), float(b)

@@ -9,7 +9,7 @@ The loop applies the first two; the engines run the budgets as part of local tra
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from torch import Tensor
 
@@ -21,6 +21,8 @@ BelowOne = Annotated[float, Range(ge=0, lt=1, words="it must be a number in [0, 
 
 class System:
     """No system heterogeneity (the default)."""
+
+    takes_clients_offline: ClassVar[bool] = False  # True: `online` leaves some clients out of a round's sampling
 
     def online(self, seed: int, round: int, num_clients: int) -> Tensor | None:
         """[num_clients] bool: who can be sampled this round (None: everyone)."""

@@ -33,10 +33,22 @@ def _jsonable(value):
 
 
 def clean_number(value):
-    """NaN and infinity become empty CSV cells / JSON null rather than invalid tokens."""
-    if isinstance(value, float) and not math.isfinite(value):
+    """NaN becomes an empty CSV cell; infinity stays, written `inf` (ε without noise is infinite, not missing)."""
+    if isinstance(value, float) and math.isnan(value):
         return None
     return value
+
+
+def summary_values(values: dict[str, float], prefix: str = "final_") -> dict:
+    """Per-round values as summary.json keeps the latest: JSON has no infinity, so an infinite one is null beside
+    `<key>_infinite: true` (the results loaders read it back as inf); NaN is null."""
+    out = {}
+    for key, value in values.items():
+        infinite = isinstance(value, float) and math.isinf(value)
+        out[f"{prefix}{key}"] = None if isinstance(value, float) and not math.isfinite(value) else value
+        if infinite:
+            out[f"{prefix}{key}_infinite"] = True
+    return out
 
 
 class CSVLog:

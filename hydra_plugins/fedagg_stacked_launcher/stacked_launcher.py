@@ -24,13 +24,16 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from fedagg.config.constraints import Range, checked
 
 log = logging.getLogger("fedagg")
 
@@ -131,7 +134,7 @@ def job_log_file():
     for h in conf.get("handlers", {}).values():
         if "filename" not in h:
             continue
-        handler = logging.FileHandler(h["filename"])
+        handler = get_class(h.get("class", "logging.FileHandler"))(h["filename"])  # fedagg's RunLog: run_log.py
         fmt = conf.get("formatters", {}).get(h.get("formatter"), {}).get("format")
         handler.setFormatter(logging.Formatter(fmt))
         handler.addFilter(lambda record: record.thread == thread)
@@ -146,8 +149,10 @@ def job_log_file():
 
 
 class StackedLauncher(Launcher):
-    def __init__(self, max_group: int = 64) -> None:
-        self.max_group = int(max_group)
+    @checked("hydra.launcher.")
+    def __init__(self, max_group: Annotated[int, Range(ge=1, integer=True, words=(
+            "it must be an integer >= 1 (the most jobs trained together)"))] = 64) -> None:
+        self.max_group = max_group
         self._validated: dict[tuple, DictConfig] = {}
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
