@@ -196,6 +196,15 @@ def test_what_a_trial_would_refuse_is_one_line_before_anything_runs(tmp_path, ar
     assert refusal(tmp_path, "methods=[fedavg,fedprox]", *argv) == line
 
 
+def test_what_a_run_adapts_before_its_checks_the_comparisons_check_adapts_too(tmp_path):
+    # channel=dp takes the uniform mean when the weighting is left to FedAvg's default: a run does, so must the check
+    _, methods, runs, _ = checked(tmp_path, "methods=[fedavg,fedadam]", "channel=dp", "budget=1")
+    assert set(methods) == {"fedavg", "fedadam"} and "channel=dp" in runs
+    assert refusal(tmp_path / "other", "methods=[fedavg]", "channel=dp", "aggregator.weighting=samples") == (
+        "aggregator.weighting=samples is not allowed with channel=dp: the noise is scaled for the uniform mean (SPEC); "
+        "set aggregator.weighting=uniform (in the runs of method fedavg)")
+
+
 # -- a tuned key set on the command line -------------------------------------------------
 def test_a_tuned_key_set_on_the_command_line_is_fixed(tmp_path):
     _, methods, runs, notes = checked(tmp_path, "methods=[fedavg,fedprox]", "client.lr=0.1", "budget=4")
