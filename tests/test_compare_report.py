@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import re
 import shutil
 import statistics
 import subprocess

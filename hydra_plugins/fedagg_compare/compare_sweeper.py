@@ -124,7 +124,7 @@ class CompareSweeper(Sweeper):
             OmegaConf.update(job, key, value)
         launcher = str(self.config.hydra.launcher.get("_target_", ""))
         # not at the top: python -m fedagg.compare imports this module before it runs fedagg.run as __main__
-        from fedagg.run import check_run
+        from fedagg.edge.job_checks import check_run
 
         try:
             check_run(job, parts=any(local in launcher for local in LOCAL_LAUNCHERS))
