@@ -99,7 +99,7 @@ def test_the_loop_gives_the_figure_with_every_method_on_one_axis(loop):
     shown = plot.stdout.splitlines()
     assert "outputs/compare/mine/methods.pdf" in shown and "outputs/compare/mine/methods.png" in shown
     assert (folder / "methods.pdf").read_bytes().startswith(b"%PDF") and (folder / "methods.png").stat().st_size > 10000
-    from fedagg.results.plots import comparison_lines, curve_against
+    from fedagg.results.figure import comparison_lines, curve_against
 
     lines = comparison_lines(folder)
     assert list(lines) == list(NAMES.values())  # one line per method, by its name, in the comparison's order

@@ -21,7 +21,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from fedagg.compare.protocol import Protocol, last_rounds, write_atomically  # noqa: E402
 from fedagg.compare.space import Param  # noqa: E402
-from fedagg.results import comparison, plots, render, stats  # noqa: E402
+from fedagg.results import comparison, render, stats  # noqa: E402
+from fedagg.results.figure import comparison_figure  # noqa: E402
 from fedagg.results.derived import LAST_K, add_derived  # noqa: E402
 from fedagg.results.report import STYLE, image  # noqa: E402
 from fedagg.results.runs import ResultsError  # noqa: E402
@@ -177,7 +178,7 @@ def write_report(folder: Path, protocol: Protocol, spaces: dict[str, list[Param]
     else:
         sections.append(("Test: tuned and at defaults", f"<p>{html.escape(problem)}</p>"))
     sections.append(("Every confirm run, by seed", render.Table([per_seed_table(values, p, names)]).to_html()))
-    curves = plots.comparison_figure(folder)
+    curves = comparison_figure(folder)
     if curves:
         sections.append(("Test accuracy of the tuned methods", image(curves[-1], "methods")))
     sections.append(("Time spent", render.Table([wall_times(folder, p, invocation)]).to_html()))

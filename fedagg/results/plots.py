@@ -3,15 +3,17 @@
     python -m fedagg.results plot outputs/tables/fednnnn_table2/2025-01-01_12-00-00
     python -m fedagg.results plot outputs/2025-01-01/10-00-00 outputs/2025-01-01/10-05-00 --out figs/
 
-Takes run folders or folders with runs below them, and writes three PNGs (into the one
+Takes run folders or folders with runs below them, and writes (into the one
 folder given, or `--out`):
   accuracy.png      test accuracy per round, one line per method (mean over seeds, band = ±std)
   update_norms.png  N = ||w_{r+1} - w_r|| (solid) and E = sum_k p_k ||Delta_k|| (dashed) per round
   weights.png       every client's aggregation weight per round (weights.csv), one panel per run
   accuracy_bits.png test accuracy against the cumulative bits uploaded (left) and sent both ways (right),
                     log scale, from metrics.csv's bits_up_total and bits_down_total (runs that count them)
+  methods.pdf/.png  of a comparison's folder: every tuned method on one axis (fedagg.results.figure)
 Runs of a table experiment are grouped as the table is: one panel per column cell, one
-line per row (method); other runs get one line per aggregator. When the runs logged to
+line per row (method); other runs get one line per method (its display name) and a panel per
+setting they vary (a comparison's: tuned and defaults). When the runs logged to
 Weights & Biases (logger=wandb), the PNGs are also logged to a new W&B run of the same
 project and mode (offline by default: `wandb sync <out>/wandb/offline-run-*` uploads it).
 """
@@ -19,7 +21,6 @@ project and mode (offline by default: `wandb sync <out>/wandb/offline-run-*` upl
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import sys
@@ -30,9 +31,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import EngFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedagg.results import comparison, integrity, wandb_log  # noqa: E402
+from fedagg.results.figure import comparison_figure, load_run, log_axis, read_csv  # noqa: E402,F401  (read_csv: report's)
 from fedagg.results.checks import NOT_SETTINGS  # noqa: E402
 from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
 from fedagg.results.runs import ResultsError, find_run_dirs, overrides_of, read_run, sweep_frame  # noqa: E402
@@ -40,20 +42,6 @@ from fedagg.results.values import key_text, label, lookup, number  # noqa: E402
 
 PLOTS = ("accuracy.png", "update_norms.png", "weights.png", "accuracy_bits.png")
 BITS = ((("bits_up_total",), "cumulative bits uploaded"), (("bits_up_total", "bits_down_total"), "cumulative bits, up and down"))
-
-
-def read_csv(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def load_run(run: dict) -> dict:
-    """A run (runs.read_run's dict) with its curves and weights."""
-    run_dir = run["_path"]
-    return {"dir": run_dir, "summary": run, "metrics": read_csv(run_dir / "metrics.csv"),
-            "weights": read_csv(run_dir / "weights.csv")}
 
 
 def found_runs(path: Path) -> list[dict]:
@@ -229,72 +217,6 @@ def plot_accuracy_by_bits(groups: dict, out: Path) -> Path | None:
     return path
 
 
-# what a comparison's figure puts accuracy against: rounds always; bits and simulated time where the runs recorded them
-FIGURE_AXES = (("round", "round"), ("bits_up_total", "cumulative bits uploaded (log scale)"),
-               ("sim_time", "simulated time"))
-
-
-def curve_against(runs: list[dict], x: str) -> tuple[list[float], list[float], list[float]]:
-    """(mean x, mean and std of the test accuracy in %) at each round every run evaluated."""
-    per_round = defaultdict(list)
-    for run in runs:
-        for row in run["metrics"]:
-            acc, r, at = number(row.get("test_acc")), number(row.get("round")), number(row.get(x))
-            if acc is not None and r is not None and at is not None:
-                per_round[int(r)].append((at, 100.0 * acc))
-    rounds = [r for r in sorted(per_round) if len(per_round[r]) == len(runs)]
-    xs = [sum(a for a, _ in per_round[r]) / len(runs) for r in rounds]
-    means = [sum(v for _, v in per_round[r]) / len(runs) for r in rounds]
-    stds = [math.sqrt(sum((v - m) ** 2 for _, v in per_round[r]) / max(len(runs) - 1, 1)) for r, m in zip(rounds, means)]
-    return xs, means, stds
-
-
-def plot_methods(lines: dict[str, list[dict]], out: Path, stem: str = "methods") -> list[Path]:
-    """A paper's figure: every method's mean test accuracy (band: ±sd over seeds) on one axis against rounds,
-    and against bits uploaded when methods send different amounts, and simulated time when recorded.
-    Written as PDF (for LaTeX) and PNG."""
-    curves = {x: {m: curve_against(runs, x) for m, runs in lines.items()} for x, _ in FIGURE_AXES}
-    shown = [(x, words) for x, words in FIGURE_AXES if any(c[0] for c in curves[x].values())]
-    if "bits_up_total" in dict(shown):  # only when the methods differ in what they send
-        finals = {round(c[0][-1]) for c in curves["bits_up_total"].values() if c[0]}
-        shown = [(x, w) for x, w in shown if x != "bits_up_total" or len(finals) > 1]
-    fig, axes = plt.subplots(1, len(shown), figsize=(4.6 * len(shown), 3.4), squeeze=False)
-    for ax, (x, words) in zip(axes[0], shown):
-        for i, (method, (xs, mean, std)) in enumerate(curves[x].items()):
-            color = f"C{i % 10}"
-            ax.plot(xs, mean, color=color, label=method, linewidth=1.5)
-            ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                            color=color, alpha=0.18, linewidth=0)
-        if x == "bits_up_total":
-            log_axis(ax)
-        elif x == "round":
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel(words)
-        ax.set_ylabel("test accuracy (%)")
-        ax.grid(alpha=0.3)
-    seeds = sorted({len(runs) for runs in lines.values()})
-    axes[0][0].legend(fontsize=8, title=f"mean ± sd over {'/'.join(map(str, seeds))} seeds", title_fontsize=7)
-    fig.tight_layout()
-    paths = [out / f"{stem}.pdf", out / f"{stem}.png"]
-    for path in paths:
-        fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return paths
-
-
-def log_axis(ax) -> None:
-    """A log x axis (bits) whose labels neither overlap nor vanish: 1-2-5 steps within a few decades, decades
-    beyond, in engineering units (2 Mb, 10 Mb), minor ticks unlabelled. Call it after plotting."""
-    ax.set_xscale("log")
-    low, high = ax.get_xlim()
-    decades = math.log10(high / low) if low > 0 and high > low else 1.0
-    subs = (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12 if decades < 2.5 else 7))
-    ax.xaxis.set_major_formatter(EngFormatter(unit="b", places=0))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-
-
 def column_name(column: str) -> str:
     return {"update_norm": "N", "client_update_norm": "E"}.get(column, column)
 
@@ -331,27 +253,6 @@ def plot_weights(runs: list[dict], out: Path, limit: int, axes: list[str] = ()) 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def comparison_figure(folder: Path, out: Path | None = None) -> list[Path]:
-    """methods.pdf and methods.png of a comparison folder (its tuned confirm runs, in the comparison's method
-    order); none when no tuned run finished."""
-    lines = comparison_lines(folder)
-    return plot_methods(lines, out or folder) if lines else []
-
-
-def comparison_lines(folder: Path) -> dict[str, list[dict]]:
-    """The figure's lines: each method's name -> its tuned confirm runs (sound ones, with curves), in the
-    comparison's order."""
-    order = comparison.methods(folder)
-    runs = [load_run(r) for r in integrity.sound([r for r in comparison.confirm_runs(folder)
-                                                  if r["_has_summary"] and r.get(comparison.TUNING) == "tuned"])]
-    runs.sort(key=lambda r: order.index(r["summary"].get("method")) if r["summary"].get("method") in order else len(order))
-    lines: dict[str, list] = defaultdict(list)
-    for run in runs:
-        if run["metrics"]:
-            lines[describe(run)[1]].append(run)
-    return dict(lines)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
