@@ -2,7 +2,6 @@
 
 import csv
 import math
-import signal
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from fedagg.channel import DP, QSGD, Channel, RandK, Setup, Sign, TopK
 from fedagg.channel.privacy import epsilon
 from fedagg.run import train
 from conftest import compose_config
+from stopping import StopInRound2
 
 G = torch.Generator().manual_seed(0)
 
@@ -193,24 +193,12 @@ def _rows(path):
         return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in csv.DictReader(f)]
 
 
-class StopInRound2(FedAvg):
-    """FedAvg; while `armed`, its process gets one Ctrl-C in round 2: the run stops after that round's checkpoint."""
-
-    armed = False
-
-    def server_update(self, inputs, update):
-        if inputs.round == 2 and StopInRound2.armed:
-            StopInRound2.armed = False
-            signal.raise_signal(signal.SIGINT)
-        return super().server_update(inputs, update)
-
-
 class FedCAMSStopInRound2(StopInRound2, FedCAMS):
     """FedCAMS, stopped the same way."""
 
 
 @pytest.mark.parametrize("overrides, errors_at, folder", [
-    (["channel=topk", "channel.topk.ratio=0.05", f"aggregator._target_={__name__}.StopInRound2"],
+    (["channel=topk", "channel.topk.ratio=0.05", "aggregator._target_=stopping.StopInRound2"],
      lambda ckpt: ckpt["channel"]["errors"][0], "channel_0_errors"),
     pytest.param(["aggregator=fedcams", "aggregator.compressor=topk", f"aggregator._target_={__name__}.FedCAMSStopInRound2"],
                  lambda ckpt: ckpt["aggregator"]["errors"], "fedcams_errors", marks=pytest.mark.slow),

@@ -4,7 +4,6 @@ import csv
 import json
 import logging
 import math
-import signal
 import warnings
 
 import pytest
@@ -16,6 +15,7 @@ from dp_accounting import dp_event  # noqa: E402
 from dp_accounting.rdp import RdpAccountant  # noqa: E402
 
 from conftest import compose_config  # noqa: E402
+from stopping import StopInRound2  # noqa: E402
 from fedagg import run_experiment  # noqa: E402
 from fedagg.aggregators.base import FedAvg  # noqa: E402
 from fedagg.channel import DP, Setup  # noqa: E402
@@ -115,21 +115,9 @@ def test_epsilon_never_falls(tmp_path, setting):
     assert all(a <= b for a, b in zip(eps, eps[1:])), eps
 
 
-class StopInRound2(FedAvg):
-    """FedAvg; while `armed`, its process gets one Ctrl-C in round 2: the run stops after that round's checkpoint."""
-
-    armed = False
-
-    def server_update(self, inputs, update):
-        if inputs.round == 2 and StopInRound2.armed:
-            StopInRound2.armed = False
-            signal.raise_signal(signal.SIGINT)
-        return super().server_update(inputs, update)
-
-
 def test_a_resumed_run_continues_the_accountant_exactly(tmp_path):
     overrides = [*DP_RUN, "rounds=4", "checkpoint_every=1", "channel.dp.adaptive=true", "system=dropout",
-                 "system.p=0.5", f"aggregator._target_={__name__}.StopInRound2"]
+                 "system.p=0.5", "aggregator._target_=stopping.StopInRound2"]
     train(compose_config(*overrides), tmp_path / "reference")
     run = tmp_path / "run"
     StopInRound2.armed = True
