@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import re
 
-from fedagg.results.render import latex_escape
+import pandas as pd
+
 from fedagg.results.values import CROSS, DASH, fmt, label
 
 NEEDS = r"% Needs \usepackage{booktabs} in the preamble (\toprule, \midrule, \cmidrule, \bottomrule)."
@@ -152,3 +153,22 @@ def _caption(spec: dict, n_common: int | None, delta: bool) -> str:
                      f"interval ({spec.get('interval_kinds') or 'paired t'})")
     parts.append("best mean per column in bold")
     return "; ".join(parts) + "."
+
+
+LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
+                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
+                 "±": r"$\pm$", "×": r"$\times$", "—": "---", "†": r"$^\dagger$", "−": "$-$", "²": r"$^2$",
+                 "Δ": r"$\Delta$", "≤": r"$\leq$", "≥": r"$\geq$", "⌈": r"$\lceil$", "⌉": r"$\rceil$"}
+
+
+def latex_escape(value) -> str:
+    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in str(value))
+
+
+def tabular(frame: pd.DataFrame) -> str:
+    """One grid as a booktabs tabular (the paired statistics printed alone)."""
+    lines = [r"\begin{tabular}{l" + "r" * (len(frame.columns) - 1) + "}", r"\toprule",
+             " & ".join(latex_escape(c) for c in frame.columns) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_escape(v) for v in row) + r" \\" for row in frame.itertuples(index=False)]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines)

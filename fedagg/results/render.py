@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from fedagg.results.latex import paper_latex, plain, tabular
+
 
 @dataclass(frozen=True)
 class Block:
@@ -62,14 +64,12 @@ class Table:
     def to_latex(self) -> str:
         """A built table: the one LaTeX table a paper includes (fedagg.results.latex). Other blocks (the paired
         statistics alone): each grid as a booktabs tabular, headings and paragraphs as LaTeX comments above it."""
-        from fedagg.results.latex import paper_latex, plain
-
         if self.spec.get("rows") and self.layout.get("rows") is not None:
             return paper_latex(self)
         out = []
         for block in self.blocks:
             if block.kind == "grid":
-                out.append(_latex(block.grid))
+                out.append(tabular(block.grid))
             else:
                 out.append("\n".join(f"% {line}" for line in plain(block.text).splitlines()))
         return "\n\n".join(out) + "\n"
@@ -113,21 +113,3 @@ def _html(block: Block) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
                    for row in frame.itertuples(index=False))
     return f"<table><tr>{head}</tr>{body}</table>"
-
-
-LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
-                 "±": r"$\pm$", "×": r"$\times$", "—": "---", "†": r"$^\dagger$", "−": "$-$", "²": r"$^2$",
-                 "Δ": r"$\Delta$", "≤": r"$\leq$", "≥": r"$\geq$", "⌈": r"$\lceil$", "⌉": r"$\rceil$"}
-
-
-def latex_escape(value) -> str:
-    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in str(value))
-
-
-def _latex(frame: pd.DataFrame) -> str:
-    lines = [r"\begin{tabular}{l" + "r" * (len(frame.columns) - 1) + "}", r"\toprule",
-             " & ".join(latex_escape(c) for c in frame.columns) + r" \\", r"\midrule"]
-    lines += [" & ".join(latex_escape(v) for v in row) + r" \\" for row in frame.itertuples(index=False)]
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(lines)
