@@ -361,10 +361,14 @@ def test_a_stopped_comparison_says_to_run_the_same_command_which_finishes_it(tmp
     assert [r["method"] for r in selection(tmp_path)] == ["fedavg", "fedavg", "fedprox", "fedprox"]
 
 
-def test_without_optuna_the_comparison_is_one_line_naming_the_extra():
-    code = ("import sys; sys.modules['optuna'] = None; from fedagg.edge.compare_line import main; "
-            "main(['methods=[fedavg]', 'budget=1'])")  # as if the [compare] extra were not installed
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_without_optuna_the_comparison_is_one_line_naming_the_extra_and_help_still_shows():
+    def run(*argv):  # as if the [compare] extra were not installed
+        code = f"import sys; sys.modules['optuna'] = None; from fedagg.edge.compare_line import main; main({list(argv)!r})"
+        return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    proc = run("methods=[fedavg]", "budget=1")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == ("python -m fedagg.compare needs Optuna for its tuning studies: pip install 'fedagg[compare]' "
                            "(or pip install optuna)\n")
+    proc = run("--help")
+    assert proc.returncode == 0 and "  budget=16 " in proc.stdout

@@ -9,6 +9,8 @@ import sys
 
 from hydra._internal.utils import get_args_parser
 
+from fedagg.edge.compare_keys import protocol_keys
+
 DEFAULT_FOLDER = "outputs/compare/${now:%Y-%m-%d}/${now:%H-%M-%S}"
 HELP = ("--help", "-h")
 # Hydra takes one of these at a time: with --cfg or --info the comparison is shown, not run (no -m added)
@@ -91,16 +93,14 @@ def help_text() -> str:
     ])
 
 
-def protocol_keys() -> dict:
-    try:  # the sweeper runs Optuna's studies: the optional extra
-        from hydra_plugins.fedagg_compare.compare_sweeper import protocol_keys as keys
-    except ImportError as err:
-        if "optuna" not in str(err):
-            raise
+def needs_optuna() -> None:
+    """The comparison's studies are Optuna's (the optional extra): without it, one line before Hydra starts."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
         print("python -m fedagg.compare needs Optuna for its tuning studies: pip install 'fedagg[compare]' "
               "(or pip install optuna)", file=sys.stderr)
         sys.exit(2)
-    return keys()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,5 +109,6 @@ def main(argv: list[str] | None = None) -> None:
     if any(o in HELP for o in options):
         print(help_text())
         return
+    needs_optuna()
     sys.argv = ["fedagg.run", *translate(argv)]
     runpy.run_module("fedagg.run", run_name="__main__", alter_sys=True)
