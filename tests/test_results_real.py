@@ -18,6 +18,7 @@ from conftest import ROOT
 from fedagg.results import build_table, load_clients, load_curves, load_sweep, load_weights
 from fedagg.results.plots import main as plot_main
 from fedagg.results.table import main as table_main
+from fedagg.results.timing import spent
 
 JOBS = ["client/objective=none,fedprox", "seed=0,1"]
 COMMON = ["rounds=4", "num_clients=6", "eval.per_client=true", "eval_every=2"]
@@ -71,6 +72,11 @@ def test_the_loaders_read_what_the_runs_wrote(which, request):
     weights = load_weights(folder)
     assert weights["client"].tolist() == [int(r["client"]) for d in dirs for r in rows(d / "weights.csv")]
     assert set(weights["client_choice"]) == {"sgd"}  # the client group beside the clients' ids
+    walls = [s["wall_time_s"] for s in summaries]  # the time spent: a stacked group's jobs each report the group's
+    if which == "basic":  # one after another: every run's own time, nothing overlaps
+        assert spent(summaries) == pytest.approx(sum(walls), abs=2e-3)  # times kept to the millisecond
+    else:
+        assert max(walls) <= spent(summaries) < 0.5 * sum(walls)
 
 
 def test_the_table_shows_each_method_by_its_name_with_its_last_k_mean(basic, capsys):
