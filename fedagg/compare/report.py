@@ -101,7 +101,7 @@ def tuning_curves(selection: list[dict], protocol: Protocol, path: Path, names: 
     return path
 
 
-def chosen_table(selection: list[dict], spaces: dict[str, list[Param]]) -> render.Block:
+def chosen_table(selection: list[dict], spaces: dict[str, list[Param]], names: dict[str, str] | None = None) -> render.Block:
     rows = []
     for r in (r for r in selection if r["chosen"]):
         for p in spaces[r["method"]]:
@@ -109,12 +109,12 @@ def chosen_table(selection: list[dict], spaces: dict[str, list[Param]]) -> rende
             t = p.tune
             edge = "at the edge: the best may lie outside" if value is not None and t.at_edge(value) else ""
             chosen = f"{value:.4g}" if value is not None else "fixed by the command line" if p.fixed else ""
-            rows.append([r["method"], p.key, f"[{t.low:g}, {t.high:g}]", "log" if t.log else "linear",
+            rows.append([(names or {}).get(r["method"], r["method"]), p.key, f"[{t.low:g}, {t.high:g}]", "log" if t.log else "linear",
                          f"{p.default}", chosen, edge, t.source])
     return render.grid(["method", "setting", "range", "scale", "default", "chosen", "edge", "source of the range"], rows)
 
 
-def wall_times(folder: Path, protocol: Protocol, invocation: dict[str, float]) -> render.Block:
+def wall_times(folder: Path, protocol: Protocol, invocation: dict[str, float], names: dict[str, str]) -> render.Block:
     """The time each stage's runs took on the clock: the union of their [start, end] intervals, so runs that
     ran at once (joblib, a stacked group whose jobs each report the group's time) count once."""
     rows = []
@@ -123,7 +123,7 @@ def wall_times(folder: Path, protocol: Protocol, invocation: dict[str, float]) -
         for m in protocol.methods:
             runs = [r for part in parts for r in comparison.runs_below(folder.joinpath(*part, m))]
             everything += runs
-            rows.append([stage, m, f"{spent(runs):.1f}"])
+            rows.append([stage, names.get(m, m), f"{spent(runs):.1f}"])
         rows.append([stage, "all methods", f"{spent(everything):.1f}"])
     rows += [[k, "", f"{v:.1f}"] for k, v in invocation.items()]
     return render.grid(["stage", "method", "seconds spent (the runs' time on the clock, runs at once counted once; "
@@ -171,7 +171,7 @@ def write_report(folder: Path, protocol: Protocol, spaces: dict[str, list[Param]
                    f"choice; confirm on more seeds, or tune on two seeds (tune_seeds=[0,1]).</p><ul>{items}</ul>")
     sections = [("What was compared", f"<p>{html.escape(what)}</p>{warning}"),
                 ("Tuning curves", image(tuning_curves(selection, p, work / "tuning.png", names), "tuning curves")),
-                ("Chosen values against their ranges", render.Table([chosen_table(selection, spaces)]).to_html())]
+                ("Chosen values against their ranges", render.Table([chosen_table(selection, spaces, names)]).to_html())]
     if table is not None:
         sections.append(("Test: tuned and at defaults", table.to_html()))
         write_atomically(folder / "table.tex", table.to_latex())
@@ -181,7 +181,7 @@ def write_report(folder: Path, protocol: Protocol, spaces: dict[str, list[Param]
     curves = comparison_figure(folder)
     if curves:
         sections.append(("Test accuracy of the tuned methods", image(curves[-1], "methods")))
-    sections.append(("Time spent", render.Table([wall_times(folder, p, invocation)]).to_html()))
+    sections.append(("Time spent", render.Table([wall_times(folder, p, invocation, names)]).to_html()))
     body = "".join(f"<section><h2>{html.escape(h)}</h2>{b}</section>" for h, b in sections)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>fair comparison</title><style>{STYLE}</style>"
             f"</head><body><h1>fedagg fair comparison: {html.escape(folder.name)}</h1>{body}</body></html>")
