@@ -2,7 +2,9 @@
 part); the width of the first linear layer is measured from `input_shape`, so one class
 serves 28x28 MNIST, 32x32 CIFAR and, where the layers allow, 8x8 digits."""
 import torch
-from torch import nn
+from torch import Tensor, nn
+
+from fedagg.models.base import Backbone, run_through
 
 
 def _flat_size(name: str, features: nn.Module, input_shape: tuple[int, int, int]) -> int:
@@ -34,11 +36,20 @@ def _flat_size(name: str, features: nn.Module, input_shape: tuple[int, int, int]
     )
 
 
-class _ConvNet(nn.Module):
-    """Shared forward; subclasses set `input_shape`, `features` and `classifier`."""
+class _ConvNet(Backbone):
+    """Shared forward; subclasses set `input_shape`, `features` and `classifier` (a linear layer, or a
+    Sequential ending in one): the representation is the input of that last linear layer."""
 
-    def forward(self, x):
-        return self.classifier(self.features(x).flatten(1))
+    @property
+    def classifier_name(self) -> str:
+        return f"classifier.{len(self.classifier) - 1}" if isinstance(self.classifier, nn.Sequential) else "classifier"
+
+    def encode(self, x: Tensor) -> Tensor:
+        h = self.features(x).flatten(1)
+        return run_through(self.classifier, h, -1) if isinstance(self.classifier, nn.Sequential) else h
+
+    def classify(self, h: Tensor) -> Tensor:
+        return self.classifier[-1](h) if isinstance(self.classifier, nn.Sequential) else self.classifier(h)
 
 
 class LeNet(_ConvNet):
