@@ -51,13 +51,21 @@ class ClientInputs(NamedTuple):
     label_counts: Tensor | None = None  # [k, C] float
 
 
+class Terms(NamedTuple):
+    """What one client's batch gives its loss."""
+
+    logits: Tensor  # the local model's own
+    task_logits: Tensor  # those the task's cross-entropy is taken of (FedLC's calibrated ones; else `logits`)
+    extra: Tensor | None  # the objective's term
+
+
 def forward_terms(objective: Objective, forward: Forward, params: list[Tensor], buffers: list[Tensor], x: Tensor,
-                  y: Tensor, run: RunInputs, own: ClientInputs) -> tuple[Tensor, Tensor | None]:
-    """(the logits one client's task loss is taken of, the objective's term or None) on its batch."""
+                  y: Tensor, run: RunInputs, own: ClientInputs) -> Terms:
+    """The logits, the logits one client's task loss is taken of and the objective's term (or None), on its batch."""
     sees = objective.sees
     if not sees.forward:  # the forward before the penalty: the order autograd sums their gradients in
         logits = forward(params, buffers, x, represent=False, frozen=False).logits
-        return logits, objective.penalty(list(params), run.anchor, own.state)
+        return Terms(logits, logits, objective.penalty(list(params), run.anchor, own.state))
     local = forward(params, buffers, x, represent=sees.representation, frozen=False)
     extra = objective.penalty(list(params), run.anchor, own.state)
     reference = previous = None
@@ -70,7 +78,7 @@ def forward_terms(objective: Objective, forward: Forward, params: list[Tensor], 
     term = objective.forward_term(seen)
     if term is not None:
         extra = term if extra is None else extra + term
-    return objective.task_logits(seen), extra
+    return Terms(local.logits, objective.task_logits(seen), extra)
 
 
 class _Represents(nn.Module):

@@ -135,9 +135,9 @@ class LocalSGD:
                          budgets=budgets)
 
     def forward_terms(self, forward: fwd.Forward, params: list[Tensor], buffers: list[Tensor], x: Tensor,
-                      y: Tensor, run: fwd.RunInputs, own: fwd.ClientInputs) -> tuple[Tensor, Tensor | None]:
-        """(the logits one client's task loss is taken of, its objective's term or None) on its batch; `forward`
-        is the engine's way of running a model (fedagg/clients/forward.py)."""
+                      y: Tensor, run: fwd.RunInputs, own: fwd.ClientInputs) -> fwd.Terms:
+        """The local logits, those one client's task loss is taken of, and its objective's term (or None) on its
+        batch; `forward` is the engine's way of running a model (fedagg/clients/forward.py)."""
         return fwd.forward_terms(self.objective, forward, params, buffers, x, y, run, own)
 
     def loss(self, logits: Tensor, y: Tensor, extra: Tensor | None) -> tuple[Tensor, Tensor]:

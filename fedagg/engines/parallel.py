@@ -115,8 +115,8 @@ class ParallelEngine(Engine):
         """One client's (logits its task loss is taken of, objective term) on its batch, as the trainer defines them
         (fedagg/clients/forward.py); the task loss is taken outside vmap, for all the step's clients at once
         (`LocalSGD.stacked_task_losses`: under vmap cross-entropy decomposes into many small operations)."""
-        logits, extra = self._trainer.forward_terms(self._forward, params, buffers, x, y, run, own)
-        return logits, params[0].new_zeros(()) if extra is None else extra
+        terms = self._trainer.forward_terms(self._forward, params, buffers, x, y, run, own)
+        return terms.logits, terms.task_logits, params[0].new_zeros(()) if terms.extra is None else terms.extra
 
     def _train_fn(self, run: RunInputs, own: ClientInputs, several: bool, compiled: bool):
         """`_client_forward` vmapped over (params, buffers, x, y, the run's shared inputs, each client's own): the
@@ -276,8 +276,8 @@ class ParallelEngine(Engine):
             own = map_tensors(twice, own)
             run = run if single else map_tensors(twice, run)
         with self._autocast(device):
-            logits, extra = fn(params, stats, x, y, run, own)
-        task = trainer.stacked_task_losses(logits, y, real)
+            logits, task_logits, extra = fn(params, stats, x, y, run, own)
+        task = trainer.stacked_task_losses(task_logits, y, real)
         tracking = group[0][0].tracker is not None  # the group shares it (loss_key)
         grads = torch.autograd.grad((task + extra)[:k].sum(), leaves, retain_graph=tracking)
         if tracking:  # the clients' sensitivity at this step's weights (fedagg/clients/sensitivity.py)

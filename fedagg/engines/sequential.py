@@ -66,12 +66,12 @@ class SequentialEngine(Engine):
         for t in range(len(plan)):
             (n, one), = plan.groups[t]
             x, y = plan.batch(t, n, one)
-            logits, extra = trainer.forward_terms(forward, params, templates, x, y, run, own)
-            total, task = trainer.loss(logits, y, extra)
+            logits, task_logits, extra = trainer.forward_terms(forward, params, templates, x, y, run, own)
+            total, task = trainer.loss(task_logits, y, extra)
             grads = torch.autograd.grad(total, params, retain_graph=tracker is not None)
             if tracker is not None:  # the same targets the parallel engine differentiates, for a stack of one
                 target = trainer.sensitivity.targets(logits.unsqueeze(0), trainer.stacked_task_losses(
-                    logits.unsqueeze(0), y.unsqueeze(0)), None)
+                    task_logits.unsqueeze(0), y.unsqueeze(0)), None)
                 tracker.update([g.unsqueeze(0) for g in torch.autograd.grad(target.sum(), params)], one)
             sgd.step([g.unsqueeze(0) for g in grads], one)
             loss_sum += task * n

@@ -136,7 +136,8 @@ def check_model_for(objective, model: nn.Module, choices: dict) -> None:
     otherwise cannot work with (`Objective.setup`: FedBN without normalisation layers)."""
     sees = objective.sees
     if (sees.representation or sees.projection_head) and not isinstance(model, Backbone):
-        chosen = choices.get("client/objective") or choices.get("aggregator") or type(objective).__name__
+        chosen = next((f"{group}={choices[group]}" for group in ("client/objective", "aggregator")
+                       if choices.get(group) not in (None, "none")), type(objective).__name__)
         raise ValueError(f"{chosen} reads the model's representation, but {type(model).__name__} does not expose "
                          "one: a model must be a fedagg.models.base.Backbone (every model in conf/model/ is)")
     objective.setup(model)
