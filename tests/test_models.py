@@ -44,6 +44,8 @@ CASES = [
     ("cnn_femnist", dict(num_classes=62, in_channels=1, image_size=28), {}, (1, 28, 28)),
     ("cnn_femnist", CIFAR10, {}, (3, 32, 32)),
     ("resnet18_gn", CIFAR100, {}, (3, 32, 32)),
+    ("cnn_bn", MNIST, {}, (1, 28, 28)),
+    ("cnn_bn", DIGITS, {}, (1, 8, 8)),
 ]
 SEQUENCE_MODELS = {"lstm_shakespeare"}  # token ids in, logits per position out: tests/test_natural.py
 
@@ -81,6 +83,14 @@ def test_lenet_count_cifar10():
     # conv 3->12 k5: 3*12*25+12 = 912; conv 12->12 k5 (x2): 12*12*25+12 = 3,612 each;
     # linear 12*8*8 = 768 -> 10: 7,690.  912 + 2*3,612 + 7,690 = 15,826
     assert n_params(build("lenet", CIFAR10)) == 15_826
+
+
+def test_cnn_bn_count():
+    # conv 1->16 k5: 16*25+16 = 416, BN 32; conv 16->32 k5: 32*16*25+32 = 12,832, BN 64;
+    # fc 32*7*7 = 1,568 -> 64: 100,416; fc 64 -> 10: 650.  Total 114,410
+    model = build("cnn_bn", MNIST)
+    assert n_params(model) == 114_410
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()) == 2
 
 
 def test_fednnnn_mnist_count():
