@@ -85,8 +85,12 @@ class Federation:
             sent = [needs.client_half.after_training(int(i), row, w, LocalWork(int(s), LR, buffers))
                     for i, row, s in zip(ids, trained, steps)]
             payloads = {key: torch.stack([x[key] for x in sent]) for key in sent[0]} if sent[0] else {}
+        sensitivity = None
+        if needs.sensitivity is not None:  # what local training measured, per client of the round
+            width = needs.sensitivity.width(list(self.layout.shapes))
+            sensitivity = torch.rand(len(ROUNDS[r]), width, generator=torch.Generator().manual_seed(r))[order]
         return RoundInputs(
-            global_params=w, client_params=trained, num_samples=self.all_num_samples[ids],
+            global_params=w, client_params=trained, num_samples=self.all_num_samples[ids], sensitivity=sensitivity,
             client_ids=ids, round=r + 1, layout=self.layout, all_num_samples=self.all_num_samples,
             val_acc=self.val_acc[r][order] if needs.val_acc else None,
             label_hist=self.hist[ids] if needs.label_hist else None,
