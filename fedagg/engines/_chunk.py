@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fedagg.clients.forward import ClientInputs, RunInputs
+from fedagg.clients.forward import ClientInputs, RunInputs, joined
+from fedagg.clients.forward import rows as client_rows
 from fedagg.clients.trainer import LocalSGD
 from fedagg.engines.base import RoundJob
 from fedagg.models.flat import unflatten
@@ -34,13 +35,11 @@ def loss_key(trainer: LocalSGD) -> tuple:
 
 @dataclass
 class Stack:
-    """A chunk's stacked tensors, [k, ...] each: parameters, buffers and (several runs) each client's run's
-    shared inputs and its own."""
+    """A chunk's stacked tensors, [k, ...] each: parameters, buffers and (several runs) anchors."""
 
     params: list[Tensor]
     buffers: list[Tensor]
-    run: RunInputs | None
-    own: ClientInputs | None
+    anchors: list[Tensor]
 
 
 def map_tensors(fn, obj):
@@ -109,3 +108,12 @@ class Part:
         self.sent, self.sensitivity = job.trainer.finish(self.plan, self.clients, self.flat, self.flat_buffers,
                                                          job.global_params, self.sgd, self.tracker, job.lr)
         self.losses = job.trainer.mean_loss(self.loss_sum, self.plan)
+
+
+def group_inputs(group: list, anchor: list[Tensor]) -> tuple[RunInputs, ClientInputs]:
+    """The inputs of a step over several runs' clients (one loss, so the same fields): each client's run's global
+    model (`anchor`: the group's rows of the chunk's anchors) and buffers, and the clients' own inputs."""
+    first = group[0][0].run.global_buffers
+    buffers = None if first is None else [torch.cat(ts) for ts in zip(*(
+        [b.expand(len(part.clients), *b.shape)[sel] for b in part.run.global_buffers] for part, _, sel in group))]
+    return RunInputs(anchor, buffers), joined([client_rows(part.own, sel) for part, _, sel in group])

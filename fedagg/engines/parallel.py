@@ -29,13 +29,13 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from fedagg.clients.batches import gather
-from fedagg.clients.forward import ClientInputs, RunInputs, buffers_as, call, frozen_call, joined
+from fedagg.clients.forward import ClientInputs, RunInputs, buffers_as, call, frozen_call
 from fedagg.clients.forward import rows as client_rows
 from fedagg.clients.trainer import LocalSGD
 from fedagg.clients.validation import ValidationPlan
 from fedagg.config.constraints import Range, checked
 from fedagg.data.device import targets
-from fedagg.engines._chunk import count, map_tensors, Part, chunk_rows, Stack, twice
+from fedagg.engines._chunk import Part, Stack, chunk_rows, count, group_inputs, map_tensors, twice
 from fedagg.engines._packed import pack, stacked_channels_last
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
 from fedagg.engines.memory import CPU_CHUNK, auto_chunk_size
@@ -202,15 +202,11 @@ class ParallelEngine(Engine):
         for part in parts:  # each run's SGD (its lr, momentum, kept state) on its block of the stacked tensors
             part.bind(P, Bf, offset, self._pshapes, self._btemplates)
             offset += len(part.clients)
-        # several runs: each client's run inputs (its run's global model) stacked like the weights, and the
-        # clients' own inputs joined, for steps that take the rows of several runs at once
-        run = own = None
-        if len(parts) > 1:
-            runs = [map_tensors(lambda a, k=len(part.clients): a.expand(k, *a.shape), part.run) for part in parts]
-            run = RunInputs(*(None if fields[0] is None else [torch.cat(ts) for ts in zip(*fields)]
-                              for fields in zip(*runs)))
-            own = joined([part.own for part in parts])
-        self._stack = Stack(P, Bf, run, own)
+        # several runs: each client's anchor (its run's global model) stacked like the weights, for steps that
+        # take the rows of several runs at once
+        anchors = [] if len(parts) == 1 else [torch.cat(a) for a in zip(*(
+            [a.expand(len(part.clients), *a.shape) for a in part.run.anchor] for part in parts))]
+        self._stack = Stack(P, Bf, anchors)
         self._packed.train()
         for t in range(max(len(part.plan) for part in parts)):
             if stop is not None and stop():
@@ -260,7 +256,7 @@ class ParallelEngine(Engine):
             stats_of, at = self._stack.buffers, chunk_rows(group, device)
             leaves = [p[at].detach().requires_grad_() for p in self._stack.params]
             buffers = [b[at] for b in self._stack.buffers]
-            run, own = map_tensors(lambda a: a[at], self._stack.run), client_rows(self._stack.own, at)
+            run, own = group_inputs(group, [a[at] for a in self._stack.anchors])
         self._trainer = trainer = group[0][0].job.trainer  # read by the vmapped loss; the group shares its loss
         # compiled for full batches of one run; the few partial ones run eagerly rather than compile their shapes
         fn = self._train_fn(run, own, several=not single,
