@@ -234,3 +234,17 @@ def test_a_model_without_a_representation_is_refused_before_training():
                                          r"not expose one"):
         check_model_for(MOON(), nn.Linear(3, 2), {"client/objective": "moon"})
     check_model_for(FedNTD(), nn.Linear(3, 2), {})  # logits only: any model
+
+
+def test_the_comparison_tunes_each_methods_declared_ranges():
+    from test_compare import LR, space_of
+
+    assert space_of("client/objective=moon") == {"client.lr": LR, "client.objective.mu": (1e-3, 10.0, True),
+                                                 "client.objective.temperature": (0.1, 1.0, True)}
+    assert space_of("client/objective=fedlc") == {"client.lr": LR, "client.objective.tau": (0.01, 10.0, True)}
+    assert space_of("client/objective=fedntd") == {"client.lr": LR, "client.objective.beta": (0.1, 10.0, True),
+                                                   "client.objective.tau": (0.5, 4.0, True)}
+    assert space_of("client/objective=feddecorr") == {"client.lr": LR, "client.objective.beta": (0.01, 0.3, True)}
+    assert space_of("aggregator=fedbn") == {"client.lr": LR}
+    assert space_of("aggregator=elastic") == {"aggregator.mu": (0.5, 0.99, False), "aggregator.tau": (0.1, 1.0, False),
+                                              "client.lr": LR}
