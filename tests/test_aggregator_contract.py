@@ -25,12 +25,13 @@ from fedagg import Aggregator, RoundInputs, ServerData
 from fedagg.aggregators.inputs import ClientSetup
 from fedagg.clients.objectives import LocalWork
 from fedagg.clients.trainer import LocalSolver
-from fedagg.models.flat import ParamLayout, get_params
+from fedagg.models.flat import ParamLayout, get_buffers, get_params
 from fedagg.run import train
 
 NAMES = sorted(p.stem for p in (CONF / "aggregator").glob("*.yaml"))
 NUM_CLIENTS, NUM_CLASSES = 7, 3
 ROUNDS = [[0, 2, 5, 6], [5, 1, 2], [3, 6, 0, 4, 1]]  # partial participation: who takes part in rounds 1-3
+NEEDS_MODEL = {"fedbn": ["model=cnn_bn"]}  # a method that refuses the default MLP: the model it needs
 LR, SOLVER = 0.05, LocalSolver(momentum=0.0, nesterov=False, weight_decay=0.0, proximal_mu=0.0, keeps_momentum=False)
 
 
@@ -79,11 +80,17 @@ class Federation:
         trained, steps = w + self.deltas[r][order], self.steps[r][order]
         payloads = {}
         if needs.client_half is not None:  # what the half sends after each client's local steps
-            sent = [needs.client_half.after_training(int(i), row, w, LocalWork(int(s), LR))
+            needs.client_half.setup(self.model)  # as the run does once its model is built
+            buffers = get_buffers(self.model)
+            sent = [needs.client_half.after_training(int(i), row, w, LocalWork(int(s), LR, buffers))
                     for i, row, s in zip(ids, trained, steps)]
             payloads = {key: torch.stack([x[key] for x in sent]) for key in sent[0]} if sent[0] else {}
+        sensitivity = None
+        if needs.sensitivity is not None:  # what local training measured, per client of the round
+            width = needs.sensitivity.width(list(self.layout.shapes))
+            sensitivity = torch.rand(len(ROUNDS[r]), width, generator=torch.Generator().manual_seed(r))[order]
         return RoundInputs(
-            global_params=w, client_params=trained, num_samples=self.all_num_samples[ids],
+            global_params=w, client_params=trained, num_samples=self.all_num_samples[ids], sensitivity=sensitivity,
             client_ids=ids, round=r + 1, layout=self.layout, all_num_samples=self.all_num_samples,
             val_acc=self.val_acc[r][order] if needs.val_acc else None,
             label_hist=self.hist[ids] if needs.label_hist else None,
@@ -194,6 +201,7 @@ def test_an_interrupted_run_resumes_bit_for_bit(tmp_path, name):
         pass
     if name == "fedlaw":
         base.append("aggregator.server_epochs=10")  # its 100 server epochs a round add nothing to this check
+    base += NEEDS_MODEL.get(name, [])
     interrupting = [*base, f"logger._target_={__name__}.InterruptAtRound2"]
     stopped = train(compose_config(*interrupting), tmp_path / "stopped")
     assert stopped["status"] == "interrupted" and stopped["rounds_completed"] == 2
@@ -218,6 +226,7 @@ def test_runs_under_every_attack_and_every_system(tmp_path, name, attack, system
                  f"system={system}", "num_clients=7", "clients_per_round=6", "client.local_epochs=1"]
     if name == "fedlaw":
         overrides.append("aggregator.server_epochs=5")
+    overrides += NEEDS_MODEL.get(name, [])
     summary = train(compose_config(*overrides), tmp_path)
     assert summary["status"] in ("completed", "diverged") and len(summary["corrupted_clients"]) == 2
     rows = _rows(tmp_path / "weights.csv")

@@ -9,9 +9,9 @@ import pytest
 from conftest import ROOT
 from fedagg.run import explain_composition_error, run_experiment
 
-OPTIONS = ("abavg, acc_inverse, centered_clip, ewwa, fedadagrad, fedadam, fedadp, fedams, fedavg, fedavgm, fedawa, "
-           "fedawa_l, fedcams, feddisco, feddyn, fedexp, fedlaw, fedmomentum, fednnnn, fednova, fedyogi, geomed, ida, "
-           "krum, ldawa, median, multikrum, normnorm, scaffold, trimmed_mean")
+OPTIONS = ("abavg, acc_inverse, centered_clip, elastic, ewwa, fedadagrad, fedadam, fedadp, fedams, fedavg, fedavgm, "
+           "fedawa, fedawa_l, fedbn, fedcams, feddisco, feddyn, fedexp, fedlaw, fedmomentum, fednnnn, fednova, fedyogi, "
+           "geomed, ida, krum, ldawa, median, multikrum, normnorm, scaffold, trimmed_mean")
 BUCKETED = "aggregator=centered_clip, geomed, krum, median, multikrum, trimmed_mean"
 SWEEP_PLUS = ("aggregator.bucket_size=2 is applied before the sweep picks the aggregator, to aggregator=fedavg, which "
               "has no bucket_size: write ++aggregator.bucket_size=2 to set it in every job")
@@ -22,7 +22,7 @@ SWEEP_PLUS = ("aggregator.bucket_size=2 is applied before the sweep picks the ag
     (["-m", "aggregator=fedavg,Median"],
      f"aggregator=Median is not an option; did you mean aggregator=median? (options: {OPTIONS})"),
     (["client/objective=prox"], "client/objective=prox is not an option; did you mean client/objective=fedprox? "
-                                "(options: feddyn, fedprox, none)"),
+                                "(options: feddecorr, feddyn, fedlc, fedntd, fedprox, moon, none)"),
     (["aggregator=zzz"], f"aggregator=zzz is not an option (options: {OPTIONS})"),
     (["aggregator.bucket_sizee=3"], "aggregator.bucket_sizee is not a setting fedagg knows; did you mean "
                                     f"aggregator.bucket_size=3? ({BUCKETED} have it, aggregator=fedavg does not)"),

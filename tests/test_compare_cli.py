@@ -133,7 +133,7 @@ def test_an_own_method_is_compared_through_the_command_lines_searchpath(tmp_path
                          "(sampler_seed=0)")
     line = refusal(tmp_path / "b", "methods=[fedavg,median_nrom]", searchpath)  # the list names the user's own
     assert line.startswith("methods: 'median_nrom' is not an aggregator or a client objective; choose from abavg,")
-    assert ", median, median_norm, multikrum," in line
+    assert ", median, median_norm, moon, multikrum," in line
     line = refusal(tmp_path / "c", "methods=[fedavg,median_norm]")  # without the searchpath: not known
     assert line.startswith("methods: 'median_norm' is not an aggregator") and "median_norm," not in line
 

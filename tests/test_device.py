@@ -5,6 +5,7 @@ import torch
 import torch._dynamo
 
 from conftest import compose_config
+from fedagg.clients.forward import ClientInputs, RunInputs
 from fedagg.clients.trainer import LocalSGD
 from fedagg.engines import _packed
 from fedagg.engines.parallel import ParallelEngine
@@ -66,7 +67,9 @@ def test_compile_traces_the_stacked_step_as_one_graph(model):
     params = [p.detach().unsqueeze(0).repeat(k, *[1] * p.dim()) for p in net.parameters()]
     x = torch.randn(k, 8, 1, 8, 8)
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(engine._train_fns[0])(params, [], x, [p.detach() for p in net.parameters()], None)
+    y = torch.randint(0, 10, (k, 8))
+    run, own = RunInputs([p.detach() for p in net.parameters()]), ClientInputs()
+    explained = torch._dynamo.explain(engine._train_fn(run, own, several=False, compiled=False))(params, [], x, y, run, own)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
 
 
@@ -77,7 +80,8 @@ def test_compile_traces_a_cnn_as_one_graph():
     engine._prepare_model(net)
     engine._trainer = LocalSGD()
     params = [p.detach().unsqueeze(0).repeat(2, *[1] * p.dim()) for p in net.parameters()]
-    x = torch.randn(2, 4, 1, 28, 28)
+    x, y = torch.randn(2, 4, 1, 28, 28), torch.randint(0, 10, (2, 4))
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(engine._train_fns[0])(params, [], x, [p.detach() for p in net.parameters()], None)
+    run, own = RunInputs([p.detach() for p in net.parameters()]), ClientInputs()
+    explained = torch._dynamo.explain(engine._train_fn(run, own, several=False, compiled=False))(params, [], x, y, run, own)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)

@@ -44,6 +44,8 @@ CASES = [
     ("cnn_femnist", dict(num_classes=62, in_channels=1, image_size=28), {}, (1, 28, 28)),
     ("cnn_femnist", CIFAR10, {}, (3, 32, 32)),
     ("resnet18_gn", CIFAR100, {}, (3, 32, 32)),
+    ("cnn_bn", MNIST, {}, (1, 28, 28)),
+    ("cnn_bn", DIGITS, {}, (1, 8, 8)),
 ]
 SEQUENCE_MODELS = {"lstm_shakespeare"}  # token ids in, logits per position out: tests/test_natural.py
 
@@ -81,6 +83,14 @@ def test_lenet_count_cifar10():
     # conv 3->12 k5: 3*12*25+12 = 912; conv 12->12 k5 (x2): 12*12*25+12 = 3,612 each;
     # linear 12*8*8 = 768 -> 10: 7,690.  912 + 2*3,612 + 7,690 = 15,826
     assert n_params(build("lenet", CIFAR10)) == 15_826
+
+
+def test_cnn_bn_count():
+    # conv 1->16 k5: 16*25+16 = 416, BN 32; conv 16->32 k5: 32*16*25+32 = 12,832, BN 64;
+    # fc 32*7*7 = 1,568 -> 64: 100,416; fc 64 -> 10: 650.  Total 114,410
+    model = build("cnn_bn", MNIST)
+    assert n_params(model) == 114_410
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()) == 2
 
 
 def test_fednnnn_mnist_count():
@@ -126,3 +136,48 @@ def test_build_leaves_batchnorm_stats_untouched():
 def test_bad_option_raises(name, bad):
     with pytest.raises(ValueError):
         build(name, CIFAR10, **bad)
+
+
+REPRESENTED = [c for c in CASES if c[2] == {}] + [("lstm_shakespeare", dict(num_classes=12, in_channels=1, image_size=7),
+                                                    {"hidden": 16}, (7,))]
+
+
+@pytest.mark.parametrize("name,dataset,overrides,shape", REPRESENTED,
+                         ids=[f"{c[0]}-{c[3]}" for c in REPRESENTED])
+def test_every_backbone_represents_a_batch_as_the_input_of_its_last_linear_layer(name, dataset, overrides, shape):
+    """`represent(x)`: the features the last linear layer receives (caught with a hook on that layer) and the
+    logits forward gives, from one pass."""
+    from fedagg.models.base import Backbone, Representation
+
+    model = build(name, dataset, **overrides).eval()
+    assert isinstance(model, Backbone)
+    seen = []
+    hook = model.last_layer.register_forward_hook(lambda m, inputs, out: seen.append(inputs[0]))
+    x = (torch.randint(0, dataset["num_classes"], (3, *shape)) if name == "lstm_shakespeare"
+         else torch.randn(3, *model.input_shape))
+    with torch.no_grad():
+        out = model.represent(x)
+        logits = model(x)
+    hook.remove()
+    lead = (3, *shape) if name == "lstm_shakespeare" else (3,)
+    assert isinstance(out, Representation)
+    assert out.features.shape == (*lead, model.representation_dim)
+    assert torch.equal(out.features, seen[0]) and torch.equal(out.logits, logits)
+    assert out.logits.shape == (*lead, dataset["num_classes"])
+
+
+def test_a_projection_head_goes_under_a_new_last_layer():
+    """MOON's ModelFedCon: h -> d -> ReLU -> dim = z, logits = Linear(dim, C)(z); z is the representation."""
+    model = build("mlp", DIGITS)
+    before = n_params(model)
+    torch.manual_seed(0)
+    model.add_projection_head(5)
+    # MLP: h has 64 features; head 64*64+64 + 64*5+5; the last layer 64*10+10 becomes 5*10+10
+    assert n_params(model) == before + (64 * 64 + 64) + (64 * 5 + 5) - (64 * 10 + 10) + (5 * 10 + 10)
+    x = torch.randn(4, 1, 8, 8)
+    out = model.represent(x)
+    h = model.net[2](model.net[1](model.net[0](x)))
+    p = model.projection
+    z = p[2](torch.relu(p[0](h)))
+    assert model.representation_dim == 5 and torch.allclose(out.features, z)
+    assert torch.allclose(out.logits, model.net[3](z)) and torch.allclose(model(x), out.logits)

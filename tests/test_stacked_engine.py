@@ -18,7 +18,7 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.engines import _packed
 from fedagg.engines.base import RoundJob
 from fedagg.engines.parallel import ParallelEngine
-from fedagg.models.cnns import CNNSmall
+from fedagg.models.cnns import CNNBN, CNNSmall
 from fedagg.models.flat import get_buffers, get_params
 from fedagg.models.resnet_cifar import ResNet20
 from fedagg.models.simple import MLP
@@ -80,3 +80,61 @@ def test_a_stacked_round_equals_each_run_alone(model_cls, channels, size, chunk,
                     assert torch.equal(got, want)
                 else:  # grouped convolutions of other group counts round differently: far below what a bug moves
                     assert _rel(got, want) < REL, _rel(got, want)
+
+
+def _forward_runs(model_cls, specs):
+    """Runs of one model structure, each with its own global weights, clients and seed; `specs`: (client sizes,
+    objective, the sensitivity the aggregator needs)."""
+    runs = []
+    for i, (sizes, objective, sensitivity) in enumerate(specs):
+        model, data, clients = _setup(model_cls, 1, 8, sizes, augment=False)
+        torch.manual_seed(10 + i)
+        model = model_cls(num_classes=10, in_channels=1, image_size=8)
+        half = objective()
+        if half is not None:
+            half.setup(model)
+        trainer = LocalSGD(lr=0.05, momentum=0.5, batch_size=5, local_epochs=2, objective=half)
+        trainer.sensitivity = sensitivity
+        runs.append((model, data, clients, trainer, None, 3 + i, (get_params(model), get_buffers(model))))
+    return runs
+
+
+def _forward_specs():
+    from fedagg.aggregators.fedbn import FedBNClient
+    from fedagg.clients.feddecorr import FedDecorr
+    from fedagg.clients.fedlc import FedLC
+    from fedagg.clients.fedntd import FedNTD
+    from fedagg.clients.moon import MOON
+    from fedagg.clients.sensitivity import Sensitivity
+
+    return {
+        MLP: [([7, 26, 13], lambda: MOON(projection="none"), None), ([12, 9, 16], lambda: FedLC(), None),
+              ([11, 8], lambda: FedNTD(), None), ([14, 21, 9], lambda: FedDecorr(), None),
+              ([9, 13], lambda: None, Sensitivity(0.9)), ([6, 17, 12], lambda: MOON(projection="none", mu=3.0), None)],
+        CNNBN: [([7, 14, 12], lambda: FedBNClient(), None), ([9, 13], lambda: FedNTD(), None),
+                ([12, 8], lambda: FedBNClient(), None), ([8, 9], lambda: None, Sensitivity(0.9, "loss", "tensor"))],
+    }
+
+
+@pytest.mark.parametrize("model_cls", [MLP, CNNBN])
+def test_objectives_that_read_the_forward_pass_stack_as_each_run_alone(model_cls):
+    """MOON (previous models from the second round on), FedLC, FedNTD, FedDecorr, FedBN's local layers and
+    Elastic's sensitivities, beside each other in a stacked round (the MLP's runs in one chunk, the CNN's cut
+    across chunks), against each run alone: bit for bit for the MLP, to REL for the convolutions."""
+    specs = _forward_specs()[model_cls]
+    alone_runs, stacked_runs = _forward_runs(model_cls, specs), _forward_runs(model_cls, specs)
+    chunk = 64 if model_cls is MLP else 3
+    rounds = lambda run: ((1, run[2][:1]), (2, run[2]))  # noqa: E731 (round 2: a client with a previous model)
+    job = lambda run, r, clients: RoundJob(run[0], run[3], run[1], clients, run[-1][0].clone(), run[-1][1].clone(),  # noqa: E731
+                                           lr=0.05, seed=run[5], round=r)
+    alone = [[ParallelEngine(chunk_size=chunk).train_round(job(run, r, c)) for r, c in rounds(run)] for run in alone_runs]
+    engine = ParallelEngine(chunk_size=chunk)
+    stacked = [engine.train_rounds([job(run, r, rounds(run)[r - 1][1]) for run in stacked_runs]) for r in (1, 2)]
+    for j in range(len(specs)):
+        for r in (0, 1):
+            a, s = alone[j][r], stacked[r][j]
+            pairs = [(s.params, a.params), (s.buffers, a.buffers), (s.train_loss, a.train_loss)]
+            if a.sensitivity is not None:
+                pairs.append((s.sensitivity, a.sensitivity))
+            for got, want in pairs:
+                assert torch.equal(got, want) if model_cls is MLP else _rel(got, want) < REL, (j, r)

@@ -181,3 +181,19 @@ def test_a_second_ctrl_c_stops_a_stacked_group_in_the_middle_of_its_round(tmp_pa
     assert not (tmp_path / "0" / "metrics.csv").exists() or len(rows(tmp_path / "0" / "metrics.csv")) == 0
     # a round of this group took 55 s on a 2-core CPU; the second Ctrl-C stops it within a few steps
     assert took < 10, (took, out)
+
+
+def test_a_projection_head_is_a_model_of_its_own_and_the_other_new_methods_stack_with_fedavg():
+    from hydra_plugins.fedagg_stacked_launcher.stacked_launcher import group_key
+
+    keys = [group_key(_composed("engine=parallel", "model=cnn_bn", *o)) for o in (
+        [],
+        ["client/objective=moon"],  # MOON's projection head under the classifier: another structure
+        ["client/objective=moon", "client.objective.projection=none"],
+        ["client/objective=fedlc"], ["client/objective=fedntd"], ["client/objective=feddecorr"],
+        ["aggregator=fedbn"], ["aggregator=elastic"],
+        ["client/objective=moon", "client.objective.projection_dim=64"],
+    )]
+    assert all(k is not None for k, _ in keys)
+    assert len({keys[0][0], keys[1][0], keys[8][0]}) == 3
+    assert {k for k, _ in keys[2:8]} == {keys[0][0]}

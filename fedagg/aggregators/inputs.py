@@ -18,6 +18,7 @@ from fedagg.models.flat import ParamLayout
 
 if TYPE_CHECKING:
     from fedagg.clients.objectives import Objective
+    from fedagg.clients.sensitivity import Sensitivity
     from fedagg.clients.trainer import LocalSolver
 
 ValSource = Literal["local", "server"]
@@ -35,6 +36,7 @@ class Needs:
     local_steps: bool = False  # every participant's local steps [K], the round's local lr and the local solver
     buffers: bool = False  # the global model's buffers (BatchNorm statistics) [B] and the participants' [K, B]
     client_half: Objective | None = None  # the method's client side: a term of the local loss, per-client state, payloads
+    sensitivity: Sensitivity | None = None  # each participant's parameter sensitivity, kept during local training
 
     def __post_init__(self) -> None:
         if self.val_acc is not None and self.val_acc not in VAL_SOURCES:
@@ -107,6 +109,7 @@ class RoundInputs:
     global_buffers: Tensor | None = None  # [B] float, Needs.buffers
     client_buffers: Tensor | None = None  # [K, B] float, Needs.buffers
     payloads: dict[str, Tensor] = field(default_factory=dict)  # [K, ...] each, sent by Needs.client_half
+    sensitivity: Tensor | None = None  # [K, P] (or [K, L] per tensor) Needs.sensitivity
     # a round-wide temporary may hold block_rows clients' worth of parameters (fedagg.aggregators.blocks); None: all K
     block_rows: int | None = None
 

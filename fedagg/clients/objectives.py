@@ -1,23 +1,28 @@
 """Client objectives: what local training minimises besides the task loss.
 
 An objective adds a term to the local loss and may keep per-client state across rounds.
-It is written over lists of parameter tensors, so the sequential engine calls it on a
-model's parameters and the parallel engine vmaps it over stacked clients. Client-only
-methods are chosen with `client/objective=...` (FedProx); a method with a server half
-too (FedDyn, SCAFFOLD) brings its objective in its aggregator YAML as its client half,
-which may also send the server a payload per client (e.g. a control-variate delta).
+It is written over lists of parameter tensors (`penalty`) and over one client's batch as the
+forward pass saw it (`forward_term`, `task_logits`), so the sequential engine calls it on a
+model's parameters and outputs and the parallel engine vmaps it over stacked clients. What it
+reads of the forward pass it declares in `sees` (`Sees`: the local representation, the round's
+global model and the client's previous model, both frozen, the client's label counts), and
+both engines supply exactly that (`Seen`). Client-only methods are chosen with
+`client/objective=...` (FedProx, MOON, ...); a method with a server half too (FedDyn,
+SCAFFOLD) brings its objective in its aggregator YAML as its client half, which may also send
+the server a payload per client (e.g. a control-variate delta).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from torch import Tensor
 
 from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import Range, Tune, checked
 from fedagg.config.names import Named
+from fedagg.models.base import Representation
 
 
 def squared_distance(params: list[Tensor], anchor: list[Tensor]) -> Tensor:
@@ -30,6 +35,36 @@ class LocalWork:
 
     steps: int  # local optimizer steps taken
     lr: float  # the learning rate of this round
+    buffers: Tensor | None = None  # its flat buffers [B] after training (BatchNorm statistics)
+
+
+@dataclass(frozen=True)
+class Sees:
+    """What an objective reads of local training's forward pass; the engines supply exactly this, in `Seen`.
+    Frozen models run in eval mode without gradients, on the client's batch."""
+
+    representation: bool = False  # the local model's representation h(x) (Backbone.represent), beside its logits
+    global_model: bool = False  # the round's global model
+    previous_model: bool = False  # the client's previous local model (its last trained one, kept per client id)
+    label_counts: bool = False  # the client's training samples per class [C]
+    projection_head: int = 0  # > 0: the representation is taken after a projection head of this width (MOON's),
+    # which the run puts under the backbone's classifier (Backbone.add_projection_head)
+
+    @property
+    def forward(self) -> bool:
+        """Whether the objective reads the forward pass at all (else the engines run it as plain logits)."""
+        return self.representation or self.global_model or self.previous_model or self.label_counts
+
+
+class Seen(NamedTuple):
+    """One client's batch as its objective sees it (what `Sees` declared; the rest None)."""
+
+    y: Tensor  # labels [B] (a sequence model: [B, T])
+    local: Representation  # the model being trained; `features` None unless Sees.representation
+    global_model: Representation | None = None
+    previous: Representation | None = None  # stands in with the global model for a client without one ...
+    has_previous: Tensor | None = None  # ... which this 0-d bool says; None when every client has one
+    label_counts: Tensor | None = None  # [C] float
 
 
 class Objective(metaclass=Named):
@@ -39,10 +74,28 @@ class Objective(metaclass=Named):
     adds_to_loss = False  # True for every objective that changes local training
     stackable = True  # its penalty runs under torch.func.vmap on stacked clients (engine=parallel)
     proximal_mu = 0.0  # mu of a mu/2 ||theta - w||^2 term it adds, for server rules that depend on it (FedNova)
+    sees = Sees()  # what it reads of the forward pass
+    personal = False  # True: each client starts from (and is evaluated with) a model of its own (`start`)
 
     def penalty(self, params: list[Tensor], anchor: list[Tensor], state: list[Tensor] | None) -> Tensor | None:
         """Term added to the batch loss; `anchor` is the round's global model, `state` this client's."""
         return None
+
+    def forward_term(self, seen: Seen) -> Tensor | None:
+        """Term added to the batch loss from the forward pass (`sees` says what `seen` holds)."""
+        return None
+
+    def task_logits(self, seen: Seen) -> Tensor:
+        """The logits the task's cross-entropy is taken of (FedLC calibrates them)."""
+        return seen.local.logits
+
+    def start(self, client_id: int, params: Tensor, buffers: Tensor) -> tuple[Tensor, Tensor]:
+        """The flat parameters [P] and buffers [B] this client starts from and is evaluated with, given the global
+        ones (`personal` objectives only: FedBN's local normalisation layers)."""
+        return params, buffers
+
+    def setup(self, model) -> None:
+        """Refuse, before any training, a model it cannot work with (one line naming the key); learn its layout."""
 
     def client_state(self, client_id: int, like: Tensor) -> Tensor | None:
         """This client's flat state [P] that `penalty` reads (None for stateless objectives)."""

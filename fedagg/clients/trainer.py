@@ -2,13 +2,15 @@
 
 `conf/client/sgd.yaml` instantiates `LocalSGD`. It is the one definition of local
 training that every engine executes (DESIGN principle 5): which batches a client sees and
-in what order (`plan`), what it minimises (`loss`: the task loss plus its objective's
-term), and how a step moves its weights (`optimizer`: torch.optim.SGD's arithmetic on
-stacked clients). An engine only decides how the forward pass runs, one client's model at
-a time or a round's clients stacked. The trainer also owns what persists on the client
-side between rounds (optimizer state when `keep_optimizer_state` is on, and the
-objective's state), keyed by client id in `ClientStore`s, which keep host memory and
-checkpoints bounded however many clients there are.
+in what order (`plan`), what it minimises (`forward_terms` and `loss`: the task loss plus
+its objective's terms, fedagg/clients/forward.py), and how a step moves its weights
+(`optimizer`: torch.optim.SGD's arithmetic on stacked clients; `tracker`: the parameters'
+sensitivity when the aggregator needs it). An engine only decides how the forward pass
+runs, one client's model at a time or a round's clients stacked. The trainer also owns what
+persists on the client side between rounds (optimizer state when `keep_optimizer_state` is
+on, the objective's state, each client's previous model when the objective sees it, its
+sensitivity), keyed by client id in `ClientStore`s, which keep host memory and checkpoints
+bounded however many clients there are.
 """
 
 from __future__ import annotations
@@ -18,15 +20,16 @@ from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from fedagg.clients import forward as fwd
 from fedagg.clients.batches import BatchPlan, num_steps
 from fedagg.clients.client import ClientData
 from fedagg.clients.objectives import LocalWork, Objective
+from fedagg.clients.sensitivity import Sensitivity, StackedSensitivity
 from fedagg.clients.stacked_sgd import StackedSGD
 from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import Items, Range, Tune, checked, typed
-from fedagg.models.flat import unflatten
 
 Count = Annotated[int, Range(ge=1, integer=True, words="it must be an integer >= 1")]
 Fraction = Annotated[float, Range(ge=0, lt=1, words="it must be in [0, 1), or null")]
@@ -78,18 +81,27 @@ class LocalSGD:
         self.val_frac, self.test_frac = val_frac, test_frac
         self.objective = objective if objective is not None else Objective()
         self.optimizer_states = ClientStore()  # client id -> flat momentum [P] (keep_optimizer_state)
+        self.previous_models = ClientStore()  # client id -> its last trained parameters and buffers [P + B]
+        self.sensitivity: Sensitivity | None = None  # set when the aggregator needs it (loop/assembly.py connect)
+        self.sensitivities = ClientStore()  # client id -> its kept sensitivity [P] or [L]
 
     def client_stores(self) -> dict[str, ClientStore]:
         """Every per-client store of the client side, by a folder name: the run loop gives each a folder."""
-        return {"momentum": self.optimizer_states, **self.objective.client_stores()}
+        return {"momentum": self.optimizer_states, "previous_models": self.previous_models,
+                "sensitivity": self.sensitivities, **self.objective.client_stores()}
 
     def state_dict(self) -> dict:
-        """What clients carry between rounds: optimizer state (when kept) and the objective's state."""
-        return {"optimizer_states": self.optimizer_states.state_dict(), "objective": self.objective.state_dict()}
+        """What clients carry between rounds: optimizer state (when kept), the objective's state, previous models
+        and sensitivities (when asked for)."""
+        return {"optimizer_states": self.optimizer_states.state_dict(), "objective": self.objective.state_dict(),
+                "previous_models": self.previous_models.state_dict(), "sensitivities": self.sensitivities.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer_states.load_state_dict(_flat_momentum(state["optimizer_states"]))
         self.objective.load_state_dict(state["objective"])
+        empty = {"inline": {}, "files": {}, "version": 0}  # a checkpoint from before these were kept
+        self.previous_models.load_state_dict(state.get("previous_models", empty))
+        self.sensitivities.load_state_dict(state.get("sensitivities", empty))
 
     def lr_at(self, round: int, total_rounds: int) -> float:
         """Learning rate of 1-based `round`."""
@@ -122,12 +134,16 @@ class LocalSGD:
         return BatchPlan(clients, data, batch_size=self.batch_size, epochs=self.local_epochs, seed=seed, round=round,
                          budgets=budgets)
 
-    def loss(self, logits: Tensor, y: Tensor, params: list[Tensor], anchor: list[Tensor],
-             state: list[Tensor] | None) -> tuple[Tensor, Tensor]:
-        """(what one client's step minimises on its batch, the task loss alone); `anchor` is the global model."""
+    def forward_terms(self, forward: fwd.Forward, params: list[Tensor], buffers: list[Tensor], x: Tensor,
+                      y: Tensor, run: fwd.RunInputs, own: fwd.ClientInputs) -> fwd.Terms:
+        """The local logits, those one client's task loss is taken of, and its objective's term (or None) on its
+        batch; `forward` is the engine's way of running a model (fedagg/clients/forward.py)."""
+        return fwd.forward_terms(self.objective, forward, params, buffers, x, y, run, own)
+
+    def loss(self, logits: Tensor, y: Tensor, extra: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(what one client's step minimises on its batch, the task loss alone) from `forward_terms`' results."""
         # one prediction per sample ([B, C] against [B]) or per position ([B, T, C] against [B, T]), all averaged
         task = F.cross_entropy(logits.float().flatten(0, -2), y.flatten())
-        extra = self.objective.penalty(params, anchor, state)
         return (task if extra is None else task + extra), task.detach()
 
     def stacked_task_losses(self, logits: Tensor, y: Tensor, real: Tensor | None = None) -> Tensor:
@@ -140,18 +156,32 @@ class LocalSGD:
         keep = torch.arange(n, device=y.device).view(1, n, 1) < real.view(g, 1, 1)
         return torch.where(keep, per, 0).flatten(1).sum(1) / (real * per.shape[2])
 
-    def penalty(self, params: list[Tensor], anchor: list[Tensor], state: list[Tensor] | None) -> Tensor:
-        """`loss`'s objective term for one client (0 without one)."""
-        extra = self.objective.penalty(params, anchor, state)
-        return params[0].new_zeros(()) if extra is None else extra
+    def run_inputs(self, global_params: Tensor, global_buffers: Tensor, shapes: list[torch.Size],
+                   templates: list[Tensor]) -> fwd.RunInputs:
+        """What the round's clients share: the global model, per tensor (`templates`: the model's buffers)."""
+        return fwd.run_inputs(self.objective, global_params, global_buffers, shapes, templates)
 
-    def objective_state(self, clients: list[ClientData], global_params: Tensor,
-                        shapes: list[torch.Size]) -> list[Tensor] | None:
-        """The objective's per-client state as one [k, ...] tensor per parameter (None when it keeps none)."""
-        states = [self.objective.client_state(c.id, global_params) for c in clients]
-        if states[0] is None:
+    def client_inputs(self, clients: list[ClientData], data, global_params: Tensor, global_buffers: Tensor,
+                      shapes: list[torch.Size], templates: list[Tensor], complete: bool = False) -> fwd.ClientInputs:
+        """Each client's own inputs to its loss (objective state, previous model, label counts), [k, ...]."""
+        return fwd.client_inputs(self.objective, clients, data, global_params, global_buffers, shapes, templates,
+                                     self.previous_models, complete)
+
+    def starts(self, clients: list[ClientData], global_params: Tensor,
+               global_buffers: Tensor) -> tuple[Tensor, Tensor] | None:
+        """Where each client starts, [k, P] and [k, B], when its objective gives clients models of their own;
+        None: every client starts from the global model."""
+        if not self.objective.personal:
             return None
-        return unflatten(torch.stack(states), shapes)
+        starts = [self.objective.start(c.id, global_params, global_buffers) for c in clients]
+        return torch.stack([p for p, _ in starts]), torch.stack([b for _, b in starts])
+
+    def tracker(self, params: list[Tensor], clients: list[ClientData]) -> StackedSensitivity | None:
+        """The sensitivity of stacked [k, ...] parameters over the round, from each client's kept one (when the
+        aggregator needs it). A step then differentiates `self.sensitivity.targets` too."""
+        if self.sensitivity is None:
+            return None
+        return StackedSensitivity(self.sensitivity, params, [self.sensitivities.get(c.id) for c in clients])
 
     def optimizer(self, params: list[Tensor], clients: list[ClientData], lr: float) -> StackedSGD:
         """SGD on stacked [k, ...] parameters, continuing each client's kept state when asked to."""
@@ -159,16 +189,26 @@ class LocalSGD:
         return StackedSGD(params, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
                           weight_decay=self.weight_decay, saved=saved)
 
-    def finish(self, plan: BatchPlan, clients: list[ClientData], trained: Tensor, global_params: Tensor,
-               sgd: StackedSGD, template: nn.Module, lr: float) -> list[dict[str, Tensor] | None]:
-        """After local training: keep optimizer and objective state; what each client sends the server."""
+    def finish(self, plan: BatchPlan, clients: list[ClientData], trained: Tensor, buffers: Tensor,
+               global_params: Tensor, sgd: StackedSGD, tracker: StackedSensitivity | None,
+               lr: float) -> tuple[list[dict[str, Tensor] | None], Tensor | None]:
+        """After local training (`trained` [k, P], `buffers` [k, B]): keep optimizer and objective state, previous
+        models and sensitivities; (what each client sends the server, their sensitivities [k, ...] or None)."""
         momentum = sgd.flat_buffers() if self.keep_optimizer_state else None
         if momentum is not None:
             momentum = momentum.cpu()  # one transfer for the round's clients; the store keeps them on the host
             for c, row in zip(clients, momentum):
                 self.optimizer_states.put(c.id, row)
-        return [self.objective.after_training(c.id, row, global_params, LocalWork(steps, lr))
-                for c, row, steps in zip(clients, trained, plan.steps)]
+        if self.objective.sees.previous_model:
+            for c, row in zip(clients, torch.cat([trained, buffers.to(trained.dtype)], 1).cpu()):
+                self.previous_models.put(c.id, row)
+        sensitivity = None if tracker is None else tracker.flat()
+        if sensitivity is not None:
+            for c, row in zip(clients, sensitivity.cpu()):
+                self.sensitivities.put(c.id, row)
+        sent = [self.objective.after_training(c.id, row, global_params, LocalWork(steps, lr, kept))
+                for c, row, steps, kept in zip(clients, trained, plan.steps, buffers)]
+        return sent, sensitivity
 
     @staticmethod
     def mean_loss(loss_sums: Tensor, plan: BatchPlan) -> Tensor:

@@ -51,6 +51,7 @@ class RoundResult:
     val_acc: Tensor | None  # [K] accuracy of each trained client model on its validation indices, when asked
     local_steps: Tensor  # [K] long, optimizer steps each client took
     payloads: dict[str, Tensor] = field(default_factory=dict)  # [K, ...] per key, from the objective
+    sensitivity: Tensor | None = None  # [K, P] or [K, L] each client's kept sensitivity, when the aggregator needs it
 
 
 class Engine:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from typing import Annotated, Callable, Literal
 
 import torch
@@ -30,13 +29,17 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from fedagg.clients.batches import gather
+from fedagg.clients.forward import ClientInputs, RunInputs, buffers_as, call, frozen_call
+from fedagg.clients.forward import rows as client_rows
 from fedagg.clients.trainer import LocalSGD
 from fedagg.clients.validation import ValidationPlan
 from fedagg.config.constraints import Range, checked
 from fedagg.data.device import targets
+from fedagg.engines._chunk import Part, Stack, chunk_rows, count, group_inputs, map_tensors, twice
 from fedagg.engines._packed import pack, stacked_channels_last
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
 from fedagg.engines.memory import CPU_CHUNK, auto_chunk_size
+from fedagg.models.base import Representation
 from fedagg.models.flat import unflatten
 
 ChunkSize = Annotated[int | str, Range(ge=1, integer=True, also=("auto",), words="use auto or an integer >= 1")]
@@ -45,77 +48,6 @@ log = logging.getLogger(__name__)
 
 def _structure(model: nn.Module) -> list:
     return [(n, t.shape, t.dtype) for n, t in (*model.named_parameters(), *model.named_buffers())]
-
-
-def _count(sel, k: int) -> int:
-    """How many clients a group's selection (a range or an index tensor) holds, of a part of k."""
-    return len(range(k)[sel]) if isinstance(sel, slice) else sel.numel()
-
-
-def loss_key(trainer: LocalSGD) -> tuple:
-    """What decides a client's loss function beyond its weights and batch: runs whose trainers give the same key
-    share one vmapped call (their objective's type and settings; its per-client state is an argument)."""
-    objective = trainer.objective
-    settings = sorted((k, v) for k, v in vars(objective).items() if isinstance(v, (bool, int, float, str)))
-    return type(objective).__qualname__, type(objective).__module__, tuple(settings)
-
-
-@dataclass
-class _Stack:
-    """A chunk's stacked tensors, [k, ...] each: parameters, buffers and (several runs) anchors."""
-
-    params: list[Tensor]
-    buffers: list[Tensor]
-    anchors: list[Tensor]
-
-
-def _rows(group: list, device: torch.device) -> slice | Tensor:
-    """The chunk's rows of a step's clients, part after part: a range where they are one, else an index."""
-    spans = [range(part.offset + sel.start, part.offset + sel.stop) if isinstance(sel, slice) else sel + part.offset
-             for part, _, sel in group]
-    if all(isinstance(s, range) for s in spans) and all(a.stop == b.start for a, b in zip(spans, spans[1:])):
-        return slice(spans[0].start, spans[-1].stop)
-    return torch.cat([torch.arange(s.start, s.stop, device=device) if isinstance(s, range) else s for s in spans])
-
-
-def _twice(t: Tensor) -> Tensor:
-    """[1, ...] -> [2, ...]: the row beside a detached copy of itself (gradients reach only the first)."""
-    return torch.cat([t, t.detach()])
-
-
-class _Part:
-    """One run's clients in a chunk (most steps first), its SGD on its block of the stacked tensors, and what
-    its training gives back."""
-
-    def __init__(self, job: RoundJob, idx: list[int]) -> None:
-        self.job, self.idx = job, idx
-        self.clients = [job.clients[k] for k in idx]
-        budgets = None if job.budgets is None else [job.budgets[k] for k in idx]
-        self.plan = job.trainer.plan(self.clients, job.data, seed=job.seed, round=job.round, budgets=budgets)
-        self.loss_key = loss_key(job.trainer)
-
-    def initial_params(self, shapes: list[torch.Size]) -> list[Tensor]:
-        k = len(self.clients)
-        return [p.unsqueeze(0).repeat(k, *[1] * len(p.shape)).contiguous()
-                for p in unflatten(self.job.global_params, shapes)]  # per parameter tensor, [k, ...]
-
-    def bind(self, P: list[Tensor], Bf: list[Tensor], offset: int, shapes: list[torch.Size]) -> None:
-        job, k = self.job, len(self.clients)
-        self.offset, rows = offset, slice(offset, offset + k)
-        self.P, self.Bf = [p[rows] for p in P], [b[rows] for b in Bf]  # views: steps write into the stack
-        self.sgd = job.trainer.optimizer(self.P, self.clients, job.lr)
-        self.anchor = [a.clone() for a in unflatten(job.global_params, shapes)]
-        self.state = job.trainer.objective_state(self.clients, job.global_params, shapes)
-        self.loss_sum = torch.zeros(k, device=job.global_params.device)
-
-    def finish(self) -> None:
-        job, k = self.job, len(self.clients)
-        self.flat = torch.cat([p.reshape(k, -1) for p in self.P], 1)
-        self.sent = job.trainer.finish(self.plan, self.clients, self.flat, job.global_params, self.sgd, job.model,
-                                       job.lr)
-        self.flat_buffers = (torch.cat([b.reshape(k, -1).float() for b in self.Bf], 1) if self.Bf
-                             else self.flat.new_zeros(k, 0))
-        self.losses = job.trainer.mean_loss(self.loss_sum, self.plan)
 
 
 class ParallelEngine(Engine):
@@ -162,16 +94,11 @@ class ParallelEngine(Engine):
         self._bnames = [n for n, _ in model.named_buffers()]
         self._pshapes = [p.shape for p in model.parameters()]
         self._btemplates = [b for b in model.buffers()]
-        # with and without per-client objective state
-        self._train_fns = [vmap(self._client_forward, in_dims=(0, 0, 0, None, d)) for d in (None, 0)]
-        # several runs' clients in one call: each with its own run's global model as anchor
-        self._stacked_fns = [vmap(self._client_forward, in_dims=(0, 0, 0, 0, d)) for d in (None, 0)]
+        self._train_fns = {}  # by (several runs in the call, which inputs are present): see _train_fn
         self._eval_fn = vmap(self._client_logits, in_dims=(0, 0, 0))
         # a batch's samples interact only through BatchNorm's statistics: without it, partial batches are filled up
         # to full ones and a step's clients train in one call (the loss weighs the filling zero)
         self._pad = not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-        # compiled for full batches; the few partial ones run eagerly rather than compile their shapes
-        self._compiled = [torch.compile(f) for f in self._train_fns] if self.compile else None
         if self.compile:
             self._eval_fn = torch.compile(self._eval_fn)
 
@@ -184,11 +111,27 @@ class ParallelEngine(Engine):
         tensors = (dict(zip(self._pnames, params)), dict(zip(self._bnames, buffers)))
         return functional_call(self._packed, tensors, (x,))
 
-    def _client_forward(self, params, buffers, x, anchor, state):
-        """One client's (logits, objective term) on its batch; the task loss is taken outside vmap, for all the
-        step's clients at once (`LocalSGD.stacked_task_losses`: under vmap cross-entropy decomposes into many
-        small operations)."""
-        return self._client_logits(params, buffers, x), self._trainer.penalty(list(params), anchor, state)
+    def _client_forward(self, params, buffers, x, y, run, own):
+        """One client's (logits its task loss is taken of, objective term) on its batch, as the trainer defines them
+        (fedagg/clients/forward.py); the task loss is taken outside vmap, for all the step's clients at once
+        (`LocalSGD.stacked_task_losses`: under vmap cross-entropy decomposes into many small operations)."""
+        terms = self._trainer.forward_terms(self._forward, params, buffers, x, y, run, own)
+        return terms.logits, terms.task_logits, params[0].new_zeros(()) if terms.extra is None else terms.extra
+
+    def _train_fn(self, run: RunInputs, own: ClientInputs, several: bool, compiled: bool):
+        """`_client_forward` vmapped over (params, buffers, x, y, the run's shared inputs, each client's own): the
+        shared ones per client when several runs share the call; an input that is None stays None."""
+        key = (several, compiled, repr(map_tensors(lambda t: 0, run)), repr(map_tensors(lambda t: 0, own)))
+        if key not in self._train_fns:
+            dims = (0, 0, 0, 0, map_tensors(lambda t: 0 if several else None, run), map_tensors(lambda t: 0, own))
+            fn = vmap(self._client_forward, in_dims=dims)
+            self._train_fns[key] = torch.compile(fn) if compiled else fn
+        return self._train_fns[key]
+
+    def _forward(self, params, buffers, x, *, represent: bool, frozen: bool) -> Representation:
+        """The packed model on one client's weights (the one training, or a frozen one in eval mode)."""
+        tensors = dict(zip(self._pnames, params)), dict(zip(self._bnames, buffers))
+        return (frozen_call if frozen else call)(self._packed, *tensors, x, represent)
 
     def _stacked_buffers(self, flat: Tensor, k: int) -> list[Tensor]:
         """k copies of every buffer; like fedagg.models.flat.set_buffers, integer buffers come back rounded."""
@@ -223,25 +166,28 @@ class ParallelEngine(Engine):
                                    val_acc=torch.empty(k_all, device=gp.device) if job.val_indices is not None else None,
                                    local_steps=local_steps(job)))
         payloads: list[list[dict | None]] = [[None] * len(job.clients) for job in jobs]
+        sensitivities: list[list[Tensor | None]] = [[None] * len(job.clients) for job in jobs]
         for lo, hi in zip(bounds, bounds[1:]):
             members = {}  # run -> its clients in this chunk, most steps first
             for j, k in pairs[lo:hi]:
                 members.setdefault(j, []).append(k)
-            parts = [_Part(jobs[j], idx) for j, idx in sorted(members.items())]
+            parts = [Part(jobs[j], idx) for j, idx in sorted(members.items())]
             self._train_chunk(parts, stop)
             for (j, idx), part in zip(sorted(members.items()), parts):
                 res, job = out[j], jobs[j]
                 rows = torch.tensor(idx, device=job.global_params.device)
                 res.params[rows], res.buffers[rows], res.train_loss[rows] = part.flat, part.flat_buffers, part.losses
-                for k, payload in zip(idx, part.sent):
+                for i, (k, payload) in enumerate(zip(idx, part.sent)):
                     payloads[j][k] = payload
+                    sensitivities[j][k] = None if part.sensitivity is None else part.sensitivity[i]
                 if job.val_indices is not None:
                     res.val_acc[rows] = self._accuracy(part.P, part.Bf, [job.val_indices[k] for k in idx], job.data)
-        for res, sent in zip(out, payloads):
+        for res, sent, kept in zip(out, payloads, sensitivities):
             res.payloads = stack_payloads(sent)
+            res.sensitivity = None if kept[0] is None else torch.stack(kept)
         return out
 
-    def _train_chunk(self, parts: list[_Part], stop: Callable[[], bool] | None = None) -> None:
+    def _train_chunk(self, parts: list[Part], stop: Callable[[], bool] | None = None) -> None:
         """Train one chunk: the clients of one or more runs, their parameters, buffers and momentum stacked as
         one [k, ...] tensor per parameter, each run's clients a contiguous block. Each part receives its
         clients' flat params [k, P], flat buffers [k, B], mean task losses [k], payloads, and its views of the
@@ -251,42 +197,48 @@ class ParallelEngine(Engine):
                                                                             for part in parts))]
         if self.channels_last:  # convolution weights laid out as their packed forward reads them
             P = [stacked_channels_last(p) if p.dim() == 5 else p for p in P]
-        Bf = [bs[0] if len(parts) == 1 else torch.cat(bs)
-              for bs in zip(*(self._stacked_buffers(part.job.global_buffers, len(part.clients)) for part in parts))]
+        Bf = [bs[0] if len(parts) == 1 else torch.cat(bs) for bs in zip(*(self._initial_buffers(part) for part in parts))]
         offset = 0
         for part in parts:  # each run's SGD (its lr, momentum, kept state) on its block of the stacked tensors
-            part.bind(P, Bf, offset, self._pshapes)
+            part.bind(P, Bf, offset, self._pshapes, self._btemplates)
             offset += len(part.clients)
         # several runs: each client's anchor (its run's global model) stacked like the weights, for steps that
         # take the rows of several runs at once
         anchors = [] if len(parts) == 1 else [torch.cat(a) for a in zip(*(
-            [a.expand(len(part.clients), *a.shape) for a in part.anchor] for part in parts))]
-        self._stack = _Stack(P, Bf, anchors)
+            [a.expand(len(part.clients), *a.shape) for a in part.run.anchor] for part in parts))]
+        self._stack = Stack(P, Bf, anchors)
         self._packed.train()
         for t in range(max(len(part.plan) for part in parts)):
             if stop is not None and stop():
                 raise KeyboardInterrupt
             # one vmapped forward and backward per batch size and loss shared by the runs' clients at step t
-            calls: dict[tuple, list[tuple[_Part, int, object]]] = {}
+            calls: dict[tuple, list[tuple[Part, int, object]]] = {}
             for part in parts:
                 if t >= len(part.plan):
                     continue
-                if self._pad:  # the clients still training: a prefix of the part's, all on batches of B
+                pad = self._pad and part.fills
+                if pad:  # the clients still training: a prefix of the part's, all on batches of B
                     steps = [(part.plan.batch_size, slice(0, part.plan.active[t]))]
                 else:
                     steps = part.plan.groups[t]
                 for n, sel in steps:
-                    calls.setdefault((n, part.loss_key), []).append((part, n, sel))
-            for (n, _), group in sorted(calls.items(), key=lambda item: -item[0][0]):
-                self._step(group, t, n, device)
+                    calls.setdefault((n, part.loss_key, pad), []).append((part, n, sel))
+            for (n, _, pad), group in sorted(calls.items(), key=lambda item: -item[0][0]):
+                self._step(group, t, n, device, pad)
         self._stack = None
         for part in parts:
             part.finish()
 
-    def _step(self, group: list[tuple[_Part, int, object]], t: int, n: int, device: torch.device) -> None:
-        """One local step of the clients in `group` (parts with batches of n samples, one loss)."""
+    def _initial_buffers(self, part: Part) -> list[Tensor]:
+        if part.starts is not None:  # each client's own (FedBN's local statistics)
+            return [b.contiguous() for b in buffers_as(part.starts[1], self._btemplates)]
+        return self._stacked_buffers(part.job.global_buffers, len(part.clients))
+
+    def _step(self, group: list[tuple[Part, int, object]], t: int, n: int, device: torch.device, pad: bool) -> None:
+        """One local step of the clients in `group` (parts with batches of n samples, one loss; `pad`: each
+        client's batch filled up to n, its real samples counted)."""
         single = len(group) == 1
-        if self._pad:  # (positions, real samples per client)
+        if pad:  # (positions, real samples per client)
             picks = [part.plan.padded_picks(t) for part, _, _ in group]
             real = picks[0][1] if single else torch.cat([r for _, r in picks])
             picks = [(part.plan, flat) for (part, _, _), (flat, _) in zip(group, picks)]
@@ -298,44 +250,47 @@ class ParallelEngine(Engine):
             part, _, sel = group[0]
             leaves = [p[sel].detach().requires_grad_() for p in part.P]
             buffers = [b[sel] for b in part.Bf]  # BatchNorm updates these in place
-            anchor, state = part.anchor, None if part.state is None else [s[sel] for s in part.state]
-            stats_of, rows = part.Bf, sel
+            run, own = part.run, client_rows(part.own, sel)
+            stats_of, at = part.Bf, sel
         else:  # the group's rows of the chunk's stacks: views when they are one range
-            stats_of, rows = self._stack.buffers, _rows(group, device)
-            leaves = [p[rows].detach().requires_grad_() for p in self._stack.params]
-            buffers = [b[rows] for b in self._stack.buffers]
-            anchor = [a[rows] for a in self._stack.anchors]
-            state = None if group[0][0].state is None else [
-                torch.cat(s) for s in zip(*([s[sel] for s in part.state] for part, _, sel in group))]
-        self._trainer = group[0][0].job.trainer  # read by the vmapped loss; the group shares its loss
-        fns = self._compiled if self._compiled is not None and n == group[0][0].plan.batch_size else self._train_fns
-        if not single:
-            fns = self._stacked_fns
-        sizes = [_count(sel, len(part.clients)) for part, _, sel in group]
+            stats_of, at = self._stack.buffers, chunk_rows(group, device)
+            leaves = [p[at].detach().requires_grad_() for p in self._stack.params]
+            buffers = [b[at] for b in self._stack.buffers]
+            run, own = group_inputs(group, [a[at] for a in self._stack.anchors])
+        self._trainer = trainer = group[0][0].job.trainer  # read by the vmapped loss; the group shares its loss
+        # compiled for full batches of one run; the few partial ones run eagerly rather than compile their shapes
+        fn = self._train_fn(run, own, several=not single,
+                            compiled=self.compile and single and n == group[0][0].plan.batch_size)
+        sizes = [count(sel, len(part.clients)) for part, _, sel in group]
         k = sum(sizes)
         params, stats = leaves, buffers
         if k == 1:  # batched kernels of one client run other code (a matmul of one: plain mm) that rounds
             # differently: computed as one of two (beside a detached copy), a client's arithmetic never depends on
             # whether others share its call
-            params, stats, x, y = [_twice(p) for p in leaves], [_twice(b) for b in buffers], _twice(x), _twice(y)
-            real = None if real is None else _twice(real)
-            state = None if state is None else [_twice(s) for s in state]
-            anchor = anchor if single else [_twice(a) for a in anchor]
+            params, stats, x, y = [twice(p) for p in leaves], [twice(b) for b in buffers], twice(x), twice(y)
+            real = None if real is None else twice(real)
+            own = map_tensors(twice, own)
+            run = run if single else map_tensors(twice, run)
         with self._autocast(device):
-            logits, extra = fns[state is not None](params, stats, x, anchor, state)
-        task = self._trainer.stacked_task_losses(logits, y, real)
-        grads = torch.autograd.grad((task + extra)[:k].sum(), leaves)
+            logits, task_logits, extra = fn(params, stats, x, y, run, own)
+        task = trainer.stacked_task_losses(task_logits, y, real)
+        tracking = group[0][0].tracker is not None  # the group shares it (loss_key)
+        grads = torch.autograd.grad((task + extra)[:k].sum(), leaves, retain_graph=tracking)
+        if tracking:  # the clients' sensitivity at this step's weights (fedagg/clients/sensitivity.py)
+            sens = torch.autograd.grad(trainer.sensitivity.targets(logits, task, real)[:k].sum(), leaves)
         task = task[:k]
         if k == 1:
             real = None if real is None else real[:1]
             for b, doubled in zip(buffers, stats):  # BatchNorm updated the doubled copy; the client's is its first
                 b.copy_(doubled[:1])
         seen = task.detach() * (n if real is None else real)  # each client's loss x its real samples
-        if not isinstance(rows, slice):  # gathered rows: write back the statistics BatchNorm updated in the copies
+        if not isinstance(at, slice):  # gathered rows: write back the statistics BatchNorm updated in the copies
             for b, new in zip(stats_of, buffers):
-                b[rows] = new
+                b[at] = new
         for i, (part, _, sel) in enumerate(group):
             lo, hi = sum(sizes[:i]), sum(sizes[:i + 1])
+            if tracking:
+                part.tracker.update([g[lo:hi] for g in sens] if not single else list(sens), sel)
             part.sgd.step([g[lo:hi] for g in grads] if not single else list(grads), sel)
             part.loss_sum[sel] += seen[lo:hi] if not single else seen
 

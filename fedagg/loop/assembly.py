@@ -29,6 +29,7 @@ from fedagg.engines.base import Engine
 from fedagg.loop.inputs import check_needs
 from fedagg.loop.settings import Settings
 from fedagg.loop.splits import build_model, hold_out_server_split, make_clients, shrink
+from fedagg.models.base import Backbone
 from fedagg.system.base import System
 from fedagg.tracking.base import Tracker
 
@@ -81,6 +82,7 @@ def connect(parts: Parts, settings: Settings) -> None:
             raise ValueError(f"the aggregator brings its own client half ({type(half).__name__}); client objective "
                              f"{type(trainer.objective).__name__} cannot be added to it: use client/objective=none")
         trainer.objective = half
+    trainer.sensitivity = parts.aggregator.needs.sensitivity  # measured during local training when declared
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
     parts.channel = Channel.of(parts.channel)
@@ -127,6 +129,18 @@ def effective_val_frac(val_frac: float | None, needs: Needs) -> float:
     if val_frac is not None:
         return val_frac
     return DEFAULT_VAL_FRAC if needs.val_acc == "local" else 0.0
+
+
+def check_model_for(objective, model: nn.Module, choices: dict) -> None:
+    """Refuse, in one line, a model the client objective cannot read what it declared from (a representation) or
+    otherwise cannot work with (`Objective.setup`: FedBN without normalisation layers)."""
+    sees = objective.sees
+    if (sees.representation or sees.projection_head) and not isinstance(model, Backbone):
+        chosen = next((f"{group}={choices[group]}" for group in ("client/objective", "aggregator")
+                       if choices.get(group) not in (None, "none")), type(objective).__name__)
+        raise ValueError(f"{chosen} reads the model's representation, but {type(model).__name__} does not expose "
+                         "one: a model must be a fedagg.models.base.Backbone (every model in conf/model/ is)")
+    objective.setup(model)
 
 
 def check_fits(model: nn.Module, data: DeviceData) -> None:
@@ -184,7 +198,9 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
         if test_subset is not None:
             bundle.test_x, bundle.test_y = bundle.test_x[test_subset], bundle.test_y[test_subset]
     stats = partition_stats(pool_labels, split, bundle.num_classes)
-    model = build_model(parts.model, bundle, settings.seed, device)
+    objective = parts.client.objective
+    model = build_model(parts.model, bundle, settings.seed, device, objective.sees.projection_head)
+    check_model_for(objective, model, parts.choices)
     data = DeviceData(bundle, device, model.input_shape, model=f"model {type(model).__name__}")
     check_fits(model, data)
     if parts.noise > 0:

@@ -3,7 +3,8 @@
 It reads the aggregator's declaration once, refuses a setup that cannot supply it before
 any training, and each round fills exactly the declared fields of `RoundInputs`: where
 each trained client model is scored, label histograms, the server's data, local step
-counts and the payloads of the method's client half.
+counts, the payloads of the method's client half and the clients' parameter sensitivities
+(which local training measures: `connect` tells it to).
 """
 
 from __future__ import annotations
@@ -96,5 +97,6 @@ class InputsProvider:
             global_buffers=buffers if needs.buffers else None,
             client_buffers=result.buffers if needs.buffers else None,
             payloads=result.payloads,
+            sensitivity=result.sensitivity if needs.sensitivity else None,
             block_rows=block_rows,
         )

@@ -155,7 +155,7 @@ class RoundLoop:
         row.update(test_acc=acc, test_loss=loss)
         if self.settings.eval_per_client:
             tests = [c.test_idx for c in self.fed.clients]
-            accs = per_client_accuracy(self.fed.model, self.fed.data, tests, self.fed.engine.eval_batch_size)
+            accs = self.client_accuracies(tests)
             row.update(spread(accs))
             self.summary.update({f"final_{k}": v for k, v in spread(accs).items()})  # make_table --metric can show them
             self.clients_log.extend({"round": row["round"], "client": c.id, "test_acc": a, "num_test": t.numel()}
@@ -164,6 +164,23 @@ class RoundLoop:
         s["final_test_acc"], s["best_test_acc"] = acc, max(acc, s["best_test_acc"] or 0.0)
         if self.settings.target_acc is not None and s["rounds_to_target"] is None and acc >= self.settings.target_acc:
             s["rounds_to_target"] = row["round"]
+
+    def client_accuracies(self, tests: list[Tensor]) -> Tensor:
+        """[N] each client's accuracy on its own test split: of the global model, or where the client objective
+        gives clients models of their own (FedBN's local normalisation layers), of the model it would start from."""
+        fed, batch = self.fed, self.fed.engine.eval_batch_size
+        objective = fed.trainer.objective
+        if not objective.personal:
+            return per_client_accuracy(fed.model, fed.data, tests, batch)
+        accs = []
+        for client, test in zip(fed.clients, tests):
+            params, buffers = objective.start(client.id, self.tested, self.buffers)
+            set_params(fed.model, params)
+            set_buffers(fed.model, buffers)
+            accs.append(per_client_accuracy(fed.model, fed.data, [test], batch))
+        set_params(fed.model, self.tested)
+        set_buffers(fed.model, self.buffers)
+        return torch.cat(accs)
 
     def evaluate_on_validation(self, row: dict) -> None:
         """eval.split=val (tuning): every client's validation split pooled, each sample once, or with

@@ -2,7 +2,9 @@
 part); the width of the first linear layer is measured from `input_shape`, so one class
 serves 28x28 MNIST, 32x32 CIFAR and, where the layers allow, 8x8 digits."""
 import torch
-from torch import nn
+from torch import Tensor, nn
+
+from fedagg.models.base import Backbone, run_through
 
 
 def _flat_size(name: str, features: nn.Module, input_shape: tuple[int, int, int]) -> int:
@@ -34,11 +36,20 @@ def _flat_size(name: str, features: nn.Module, input_shape: tuple[int, int, int]
     )
 
 
-class _ConvNet(nn.Module):
-    """Shared forward; subclasses set `input_shape`, `features` and `classifier`."""
+class _ConvNet(Backbone):
+    """Shared forward; subclasses set `input_shape`, `features` and `classifier` (a linear layer, or a
+    Sequential ending in one): the representation is the input of that last linear layer."""
 
-    def forward(self, x):
-        return self.classifier(self.features(x).flatten(1))
+    @property
+    def classifier_name(self) -> str:
+        return f"classifier.{len(self.classifier) - 1}" if isinstance(self.classifier, nn.Sequential) else "classifier"
+
+    def encode(self, x: Tensor) -> Tensor:
+        h = self.features(x).flatten(1)
+        return run_through(self.classifier, h, -1) if isinstance(self.classifier, nn.Sequential) else h
+
+    def classify(self, h: Tensor) -> Tensor:
+        return self.classifier[-1](h) if isinstance(self.classifier, nn.Sequential) else self.classifier(h)
 
 
 class LeNet(_ConvNet):
@@ -142,4 +153,20 @@ class CNNSmall(_ConvNet):
             nn.Conv2d(10, 20, 5), nn.MaxPool2d(2), nn.ReLU(),
         )
         flat = _flat_size("cnn_small", self.features, self.input_shape)
+        self.classifier = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+
+class CNNBN(_ConvNet):
+    """A small CNN with BatchNorm, for methods that need normalisation layers (FedBN): 5x5 convs 16 and 32 ("same"
+    padding), each with BatchNorm, ReLU and a 2x2 max-pool, fc 64, fc C (114,410 parameters on 1x28x28 with
+    10 classes). No BatchNorm in the classifier: a client's last batch may hold a single sample."""
+
+    def __init__(self, *, num_classes: int, in_channels: int, image_size: int, hidden: int = 64):
+        super().__init__()
+        self.input_shape = (in_channels, image_size, image_size)
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 5, padding=2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        flat = _flat_size("cnn_bn", self.features, self.input_shape)  # 32*7*7 on 28x28
         self.classifier = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))

@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from fedagg.models.base import Backbone
 from fedagg.models.cnns import CNNMnist
 
 
@@ -50,10 +51,13 @@ class LSTMLayer(nn.Module):
         return torch.stack(outputs, 1)
 
 
-class LSTMShakespeare(nn.Module):
+class LSTMShakespeare(Backbone):
     """LEAF's / FedProx's character model: embedding 8, two LSTM layers of 256, a linear layer to the vocabulary,
     applied at every position: token ids [B, T] -> logits [B, T, V]. Built by the same call as the image models:
-    `num_classes` is the vocabulary and `image_size` the sequence length (DatasetBundle.image_size)."""
+    `num_classes` is the vocabulary and `image_size` the sequence length (DatasetBundle.image_size). Its
+    representation is the last LSTM layer's output at every position, [B, T, hidden]."""
+
+    classifier_name = "out"
 
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int, embedding: int = 8,
                  hidden: int = 256, layers: int = 2):
@@ -64,8 +68,11 @@ class LSTMShakespeare(nn.Module):
         self.layers = nn.ModuleList(LSTMLayer(embedding if i == 0 else hidden, hidden) for i in range(layers))
         self.out = nn.Linear(hidden, num_classes)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def encode(self, tokens: Tensor) -> Tensor:
         h = self.embed(tokens)
         for layer in self.layers:
             h = layer(h)
+        return h
+
+    def classify(self, h: Tensor) -> Tensor:
         return self.out(h)

@@ -3,7 +3,9 @@ BasicBlocks at widths 16/32/64, global average pooling, one linear layer; depth 
 The layout and init follow akamaster/pytorch_resnet_cifar10, which ewwa-fl.txt footnote 3
 names as its ResNet-20/32."""
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
+
+from fedagg.models.base import Backbone
 
 
 class _PadShortcut(nn.Module):
@@ -41,7 +43,9 @@ class _BasicBlock(nn.Module):
         return F.relu(out + self.shortcut(x))
 
 
-class _CifarResNet(nn.Module):
+class _CifarResNet(Backbone):
+    classifier_name = "fc"
+
     def __init__(self, *, blocks_per_stage: int, num_classes: int, in_channels: int,
                  image_size: int, shortcut: str = "A"):
         super().__init__()
@@ -65,9 +69,12 @@ class _CifarResNet(nn.Module):
             if isinstance(m, (nn.Conv2d, nn.Linear)):
                 nn.init.kaiming_normal_(m.weight)
 
-    def forward(self, x):
+    def encode(self, x: Tensor) -> Tensor:
         out = self.layers(F.relu(self.bn1(self.conv1(x))))
-        return self.fc(F.adaptive_avg_pool2d(out, 1).flatten(1))
+        return F.adaptive_avg_pool2d(out, 1).flatten(1)
+
+    def classify(self, h: Tensor) -> Tensor:
+        return self.fc(h)
 
 
 class ResNet20(_CifarResNet):

@@ -7,12 +7,16 @@ default); the data pipeline upsamples and repeats grey channels to reach that sh
 stem="cifar": a 3x3/1 conv and no max-pool at the dataset's own size and channels, the usual
 adaptation that keeps 32x32 images from shrinking to 1x1 before the last stage; input_size is
 then ignored, so `model.stem=cifar` alone is enough on the command line."""
+import torch
 import torchvision
-from torch import nn
+from torch import Tensor, nn
+
+from fedagg.models.base import Backbone
 
 
-class _TorchvisionResNet(nn.Module):
+class _TorchvisionResNet(Backbone):
     builder = None  # torchvision constructor, set by subclasses
+    classifier_name = "net.fc"
 
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int,
                  input_size: int | None = 224, stem: str = "imagenet"):
@@ -32,8 +36,14 @@ class _TorchvisionResNet(nn.Module):
             raise ValueError(f"stem must be 'imagenet' or 'cifar', got {stem!r}")
         self.net = net
 
-    def forward(self, x):
-        return self.net(x)
+    def encode(self, x: Tensor) -> Tensor:
+        net = self.net  # torchvision's ResNet._forward_impl up to its classifier
+        x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
+        x = net.layer4(net.layer3(net.layer2(net.layer1(x))))
+        return torch.flatten(net.avgpool(x), 1)
+
+    def classify(self, h: Tensor) -> Tensor:
+        return self.net.fc(h)
 
 
 class ResNet18(_TorchvisionResNet):

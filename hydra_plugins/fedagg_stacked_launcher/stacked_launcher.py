@@ -74,10 +74,25 @@ def group_key(cfg: DictConfig) -> tuple[str | None, str]:
             return None, f"{key}=true is a process-wide torch setting"
     client = plain.get("client", {})
     shared = {"dataset": plain.get("dataset"), "model": plain.get("model"), "device": device,
+              "projection_head": _projection_head(task),  # MOON's head changes the model's structure
               "data": plain.get("data"), "experiment_scale": plain.get("experiment_scale"),
               "engine": {k: v for k, v in plain["engine"].items() if k not in ("_target_", "device")},
               "batch_size": client.get("batch_size"), "local_epochs": client.get("local_epochs")}
     return json.dumps(shared, sort_keys=True, default=str), ""
+
+
+def _projection_head(task: DictConfig) -> int:
+    """The projection head the job's client objective puts under the model's classifier (0: none), read from the
+    objective itself (an aggregator's client half or `client/objective`); 0 when they do not build (the job then
+    says why when it runs)."""
+    from hydra.utils import instantiate
+
+    try:
+        half = instantiate(task.aggregator).needs.client_half
+        objective = half if half is not None else instantiate(task.client.objective)
+        return int(objective.sees.projection_head)
+    except Exception:
+        return 0
 
 
 def form_groups(keys: list[tuple[str | None, str]], max_group: int) -> list[tuple[list[int], str]]:
@@ -93,7 +108,7 @@ def form_groups(keys: list[tuple[str | None, str]], max_group: int) -> list[tupl
     for members in by_key.values():
         for lo in range(0, len(members), max(1, max_group)):
             groups.append((members[lo:lo + max_group], "no other job of the sweep has its dataset, model, device, "
-                                                        "engine options, batch size and local epochs"))
+                                                        "engine options, projection head, batch size and local epochs"))
     return sorted(groups, key=lambda g: g[0][0])
 
 
