@@ -12,8 +12,7 @@ from pathlib import Path
 from fedagg.results import render, stats
 from fedagg.results.runs import ResultsError
 from fedagg.results.comparison import TUNING
-from fedagg.results.table import measure
-from fedagg.results.values import DASH, label, number
+from fedagg.results.values import DASH, label, measure, number
 
 
 def seed_values(runs: list[dict], spec: dict) -> dict:

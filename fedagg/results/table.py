@@ -25,7 +25,6 @@ least 3 rows and 3 columns a critical-difference diagram, `cd_diagram.png`.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from collections import Counter
@@ -37,7 +36,7 @@ from fedagg.results import checks, comparison, derived, integrity, render
 from fedagg.results.groups import RECORDED_CHOICES
 from fedagg.results.paper import load_paper, paper_cell, read_paper  # noqa: F401  (read_paper: used by tests)
 from fedagg.results.runs import ResultsError, read_runs
-from fedagg.results.values import CROSS, DASH, fmt, key_text, label, lookup, number  # noqa: F401  (the table's API)
+from fedagg.results.values import CROSS, DASH, fmt, key_text, label, lookup, measure, number  # noqa: F401  (the table's API)
 
 
 
@@ -90,38 +89,6 @@ RUN_KEYS = (METHOD, "tuning")  # cell keys read from the run itself, not from it
 DEFAULT_METRIC = derived.LAST_K  # the comparison's test metric too: one definition unless --metric or the table names another
 METRIC_NAMES = {"final": "final_test_acc", "best": "best_test_acc", "last_k": derived.LAST_K,  # --metric final|...
                 "jain": derived.JAIN, "gap10": derived.GAP}
-
-
-def measure(runs: list[dict], spec: dict) -> dict:
-    """Mean, std and the cell's text from the runs of one cell."""
-    metric, scale, d = spec["metric"], 100.0 if spec["percent"] else 1.0, spec["decimals"]
-    done = [r for r in runs if r.get("status") == "completed"]
-    diverged = [r for r in runs if r.get("status") == "diverged"]
-    out = {"n_runs": len(runs), "n_completed": len(done), "n_diverged": len(diverged),
-           "n_other": len(runs) - len(done) - len(diverged), "mean": None, "std": None,
-           "seeds": " ".join(str(r.get("seed")) for r in sorted(done, key=lambda r: (str(type(r.get("seed"))), r.get("seed"))))}
-    if not done:
-        out["text"] = CROSS if diverged else DASH
-        return out
-    values = [number(r.get(metric)) for r in done]
-    reached = [v * scale for v in values if v is not None]
-    infinite = sum(1 for r in done if r.get(metric) == math.inf)  # ε without noise: a value, not a missing one
-    if infinite:
-        out["text"] = "∞" if infinite == len(done) else f"∞ ({infinite}/{len(done)} runs)"
-    elif not reached and metric != "rounds_to_target":
-        out["text"] = DASH  # completed without a value (never evaluated)
-    elif not reached:  # rounds_to_target never reached: report the best accuracy, as FedAdp's table does
-        best = statistics.fmean(100.0 * (number(r.get("best_test_acc")) or 0.0) for r in done)
-        out["text"] = f"N/A ({best:.2f}%)"
-    else:
-        out["mean"] = statistics.fmean(reached)
-        out["std"] = statistics.stdev(reached) if len(reached) > 1 else None
-        out["text"] = fmt(out["mean"], d) + (f" ± {fmt(out['std'], d)}" if out["std"] is not None else "")
-        if len(reached) < len(done):
-            out["text"] += f" ({len(reached)}/{len(done)} reached)"
-    if diverged:
-        out["text"] += f" ({len(diverged)}/{len(runs)} {CROSS})"
-    return out
 
 
 def ordered(keys_seen: list[tuple], paper_keys: list[tuple], names: list[str] = (), order: dict | None = None) -> list[tuple]:

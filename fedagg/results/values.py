@@ -1,8 +1,9 @@
-"""The values a table shows: where a cell key is in summary.json, one spelling per value, number formats."""
+"""The values a table shows: where a cell key is in summary.json, one spelling per value, number formats, a cell's mean ± std from its runs."""
 
 from __future__ import annotations
 
 import math
+import statistics
 
 DASH, CROSS = "—", "×"
 
@@ -56,3 +57,35 @@ def fmt(value: float, decimals: int) -> str:
 def label(spec: dict, name: str, value: str) -> str:
     labels = (spec.get("labels") or {}).get(name) or {}
     return str(labels.get(value, labels.get(str(value), value)))
+
+
+def measure(runs: list[dict], spec: dict) -> dict:
+    """Mean, std and the cell's text from the runs of one cell."""
+    metric, scale, d = spec["metric"], 100.0 if spec["percent"] else 1.0, spec["decimals"]
+    done = [r for r in runs if r.get("status") == "completed"]
+    diverged = [r for r in runs if r.get("status") == "diverged"]
+    out = {"n_runs": len(runs), "n_completed": len(done), "n_diverged": len(diverged),
+           "n_other": len(runs) - len(done) - len(diverged), "mean": None, "std": None,
+           "seeds": " ".join(str(r.get("seed")) for r in sorted(done, key=lambda r: (str(type(r.get("seed"))), r.get("seed"))))}
+    if not done:
+        out["text"] = CROSS if diverged else DASH
+        return out
+    values = [number(r.get(metric)) for r in done]
+    reached = [v * scale for v in values if v is not None]
+    infinite = sum(1 for r in done if r.get(metric) == math.inf)  # ε without noise: a value, not a missing one
+    if infinite:
+        out["text"] = "∞" if infinite == len(done) else f"∞ ({infinite}/{len(done)} runs)"
+    elif not reached and metric != "rounds_to_target":
+        out["text"] = DASH  # completed without a value (never evaluated)
+    elif not reached:  # rounds_to_target never reached: report the best accuracy, as FedAdp's table does
+        best = statistics.fmean(100.0 * (number(r.get("best_test_acc")) or 0.0) for r in done)
+        out["text"] = f"N/A ({best:.2f}%)"
+    else:
+        out["mean"] = statistics.fmean(reached)
+        out["std"] = statistics.stdev(reached) if len(reached) > 1 else None
+        out["text"] = fmt(out["mean"], d) + (f" ± {fmt(out['std'], d)}" if out["std"] is not None else "")
+        if len(reached) < len(done):
+            out["text"] += f" ({len(reached)}/{len(done)} reached)"
+    if diverged:
+        out["text"] += f" ({len(diverged)}/{len(runs)} {CROSS})"
+    return out
