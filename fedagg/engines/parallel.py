@@ -124,7 +124,9 @@ class ParallelEngine(Engine):
         key = (several, compiled, repr(map_tensors(lambda t: 0, run)), repr(map_tensors(lambda t: 0, own)))
         if key not in self._train_fns:
             dims = (0, 0, 0, 0, map_tensors(lambda t: 0 if several else None, run), map_tensors(lambda t: 0, own))
-            fn = vmap(self._client_forward, in_dims=dims)
+            # a model with dropout (cnn_emnist_tff) draws a mask per client, as clients trained one by one would;
+            # the masks come from torch's generator, so they are not those of the sequential engine
+            fn = vmap(self._client_forward, in_dims=dims, randomness="different")
             self._train_fns[key] = torch.compile(fn) if compiled else fn
         return self._train_fns[key]
 
