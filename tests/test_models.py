@@ -46,6 +46,7 @@ CASES = [
     ("cnn_emnist_tff", dict(num_classes=62, in_channels=1, image_size=28), {}, (1, 28, 28)),
     ("cnn_emnist_tff", CIFAR10, {"dropout_conv": 0.0}, (3, 32, 32)),
     ("resnet18_gn", CIFAR100, {}, (3, 32, 32)),
+    ("resnet18_gn", CIFAR100, {"block": "preact", "stem": "imagenet"}, (3, 32, 32)),
     ("cnn_bn", MNIST, {}, (1, 28, 28)),
     ("cnn_bn", DIGITS, {}, (1, 8, 8)),
 ]

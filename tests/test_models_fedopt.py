@@ -80,3 +80,42 @@ def test_cnn_emnist_tff_trains_alike_in_both_engines_without_dropout_and_runs_wi
     for p, s in zip(par_drop, seq_drop):
         assert torch.isfinite(p.params).all() and not torch.equal(p.params[0], p.params[1])
         assert _rel(p.params, s.params) < 0.5  # the same training, other masks: close, not equal
+
+
+def test_resnet18_gn_preact_is_the_authors_v2_network_and_counts_by_hand():
+    from fedagg.models.resnet_gn import ResNet18GN
+
+    model = ResNet18GN(num_classes=100, in_channels=3, image_size=24, stem="imagenet", block="preact")
+    # convs: stem 7*7*3*64 = 9,408; stage 1: 4 x 9*64*64 = 147,456; stage 2: 9*64*128 + 3 x 9*128*128 +
+    # 1x1 64*128 = 524,288; stage 3: 9*128*256 + 3 x 9*256*256 + 128*256 = 2,097,152; stage 4:
+    # 9*256*512 + 3 x 9*512*512 + 256*512 = 8,388,608; sum 11,166,912.
+    # norms (weight + bias = 2 per channel): stem 64; stage 1: 3 pre-norms of 64 (the first block has none);
+    # stage 2: 64 + 4 x 128 with the shortcut's; stage 3: 128 + 4 x 256; stage 4: 256 + 4 x 512; final 512:
+    # 2 * (64 + 192 + 576 + 1,152 + 2,304 + 512) = 9,600.  dense 512*100 + 100 = 51,300.  Total 11,227,812
+    assert n_params(model) == 11_227_812
+    norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+    assert len(norms) == 1 + 3 + 5 + 5 + 5 + 1 and all(m.num_groups == 2 for m in norms)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules()) and list(model.buffers()) == []
+    assert model.input_shape == (3, 24, 24)
+    maps = []
+    hooks = [b.register_forward_hook(lambda m, i, o: maps.append(tuple(o.shape[1:]))) for b in model.net.blocks]
+    out = model(torch.zeros(2, 3, 24, 24))
+    for h in hooks:
+        h.remove()
+    assert out.shape == (2, 100)
+    # 24 -> conv/2 12 -> pool/2 6, and every stage stays at 6x6 (the authors' create_resnet passes no strides)
+    assert maps == [(64, 6, 6)] * 2 + [(128, 6, 6)] * 2 + [(256, 6, 6)] * 2 + [(512, 6, 6)] * 2
+    assert model.representation_dim == 512 and model.last_layer is model.net.fc
+
+
+def test_resnet18_gn_imagenet_stem_and_the_default_unchanged():
+    from fedagg.models.resnet_gn import ResNet18GN
+
+    torch.manual_seed(0)
+    basic = ResNet18GN(num_classes=100, in_channels=3, image_size=32)
+    assert n_params(basic) == 11_220_132 and basic.block == "basic"  # as before the option existed
+    # torchvision's own stem (7x7/2 + max-pool) with GroupNorm: 11,227,812 (its 100-way count)
+    stock = ResNet18GN(num_classes=100, in_channels=3, image_size=24, stem="imagenet")
+    assert n_params(stock) == 11_227_812 and stock.net.conv1.kernel_size == (7, 7) and stock.input_shape == (3, 24, 24)
+    with pytest.raises(ValueError, match=r"^model.block='v3' is not allowed; choose one of basic, preact"):
+        ResNet18GN(num_classes=10, in_channels=3, image_size=32, block="v3")
