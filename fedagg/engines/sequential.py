@@ -55,7 +55,7 @@ class SequentialEngine(Engine):
         plan = trainer.plan([client], job.data, seed=job.seed, round=job.round, budgets=None if budget is None else [budget])
         params, templates = list(model.parameters()), list(model.buffers())
         shapes = [p.shape for p in params]
-        sgd = trainer.optimizer([p.data.unsqueeze(0) for p in params], [client], job.lr)  # steps write into the model
+        sgd = trainer.optimizer([p.data.unsqueeze(0) for p in params], [client], job.lr, model)  # steps write into the model
         tracker = trainer.tracker([p.data.unsqueeze(0) for p in params], [client])
         run = trainer.run_inputs(job.global_params, job.global_buffers, shapes, templates)
         own = trainer.client_inputs([client], job.data, job.global_params, job.global_buffers, shapes, templates)
