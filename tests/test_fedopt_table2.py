@@ -112,3 +112,27 @@ def test_an_unknown_profile_is_one_line_before_anything_runs(tmp_path):
         train(cfg, tmp_path, choices)
     assert str(err.value).startswith("table.profile='keras' is not allowed here; choose one of authors_code, paper")
     assert "\n" not in str(err.value) and not (tmp_path / "config.yaml").exists()
+
+
+@pytest.mark.slow  # two 2-round runs of the 11M-parameter ResNet on the CPU
+def test_a_cifar_cell_runs_in_both_engines_with_the_tables_options(tmp_path):
+    import csv
+
+    import fedagg
+    from fake_datasets import write_cifar
+
+    write_cifar(tmp_path / "data", hundred=True, per_file=400)  # enough images that all 100 labels occur
+    losses = {}
+    for engine in ("sequential", "parallel"):
+        summary = fedagg.run_experiment([
+            "+experiment=fedopt_table2", "method=fedyogi", "dataset=cifar100_fl", f"engine={engine}", "device=cpu",
+            "table.datasets.cifar100_fl.verify_md5=false", f"data.root={tmp_path / 'data'}", "rounds=2",
+            "num_clients=3", "clients_per_round=3", "table.partitions.cifar100_fl.samples_per_client=10",
+            "client.batch_size=10"], tmp_path / engine)
+        assert summary["status"] == "completed"
+        cfg = summary["config"]
+        assert cfg["dataset"]["crop"] == 24 and cfg["model"]["block"] == "preact"
+        assert (cfg["aggregator"]["correction"], cfg["client"]["weight_decay_on"]) == ("rate", "kernels")
+        with open(tmp_path / engine / "metrics.csv") as f:
+            losses[engine] = [float(row["train_loss"]) for row in csv.DictReader(f)]
+    assert losses["parallel"] == pytest.approx(losses["sequential"], rel=1e-4)
