@@ -9,7 +9,9 @@ conv3x3-32 (valid) -> ReLU -> conv3x3-64 (valid) -> ReLU -> max-pool 2 -> dropou
 Weights start as Keras's GlorotNormal (a normal truncated at two standard deviations, scaled so
 that its standard deviation is sqrt(2 / (fan_in + fan_out))), biases at 0, as that model's
 initializer. The model ends in a softmax there; here the logits go to the cross-entropy, the same loss.
-Dropout is active in training only; under the parallel engine each client draws its own masks.
+Dropout is active in training only; its masks come from the run's seed (each engine seeds torch's generator for
+its training: per client and round in the sequential engine, per round in the parallel one, which draws each
+client its own masks), so they differ between the engines, and a stacked sweep trains such a run alone.
 """
 
 import math
