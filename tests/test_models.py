@@ -43,7 +43,10 @@ CASES = [
     ("resnet34", CIFAR10, {"stem": "cifar"}, (3, 32, 32)),
     ("cnn_femnist", dict(num_classes=62, in_channels=1, image_size=28), {}, (1, 28, 28)),
     ("cnn_femnist", CIFAR10, {}, (3, 32, 32)),
+    ("cnn_emnist_tff", dict(num_classes=62, in_channels=1, image_size=28), {}, (1, 28, 28)),
+    ("cnn_emnist_tff", CIFAR10, {"dropout_conv": 0.0}, (3, 32, 32)),
     ("resnet18_gn", CIFAR100, {}, (3, 32, 32)),
+    ("resnet18_gn", CIFAR100, {"block": "preact", "stem": "imagenet"}, (3, 32, 32)),
     ("cnn_bn", MNIST, {}, (1, 28, 28)),
     ("cnn_bn", DIGITS, {}, (1, 8, 8)),
 ]

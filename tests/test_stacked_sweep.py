@@ -183,6 +183,22 @@ def test_a_second_ctrl_c_stops_a_stacked_group_in_the_middle_of_its_round(tmp_pa
     assert took < 10, (took, out)
 
 
+def test_a_model_with_dropout_runs_alone_and_says_why():
+    """Its masks come from one generator for the whole stacked call: its result would depend on its group."""
+    from hydra_plugins.fedagg_stacked_launcher.stacked_launcher import form_groups, group_key
+
+    keys = [group_key(_composed("engine=parallel", "model=cnn_emnist_tff", *o)) for o in (
+        [], ["seed=1"], ["model.dropout_conv=0", "model.dropout_dense=0"], ["model.dropout_conv=0", "seed=1"],
+        ["model.dropout_conv=0", "model.dropout_dense=0", "seed=1"])]
+    assert keys[0] == (None, "its model draws dropout masks while it trains (model.dropout_conv=0.25, "
+                             "model.dropout_dense=0.5), and a stacked call draws them for all its runs' clients from "
+                             "one generator: its result would depend on the runs beside it")
+    assert keys[1] == keys[0]
+    assert keys[3] == (None, keys[0][1].replace("model.dropout_conv=0.25, ", ""))
+    assert keys[2][0] is not None and keys[4][0] == keys[2][0]  # without dropout it stacks
+    assert [g for g, _ in form_groups(keys, max_group=8)] == [[0], [1], [2, 4], [3]]
+
+
 def test_a_projection_head_is_a_model_of_its_own_and_the_other_new_methods_stack_with_fedavg():
     from hydra_plugins.fedagg_stacked_launcher.stacked_launcher import group_key
 

@@ -10,11 +10,22 @@ Adagrad rule; w <- w + lr m / (sqrt(v) + tau). Paper form: no bias correction, m
 at 0 and v at tau^2 (Alg. 2 line 1: v_{-1} >= tau^2). `bias_correction: true` is the
 Adam-style form of the FedCAMS code (SPEC "FedOpt"): m / (1 - b1^r), v / (1 - b2^r) with
 r the number of server steps taken, and v starting at 0 like that code's exp_avg_sq.
+
+The authors' own code (google-research/federated, Keras server optimizers; facts G, B of
+../shared/papers/fedopt-fedprox-settings.md) differs from Algorithm 2 in three ways, each an
+option here so the paper's form stays the default:
+- `correction: rate` puts the bias correction into the rate, lr sqrt(1 - b2^r) / (1 - b1^r),
+  with tau beside the uncorrected sqrt(v) (Keras Adam, the repository's Yogi); `moments`
+  (default) divides m and v themselves, tau beside sqrt(v_hat) (PyTorch Adam, FedCAMS).
+  They differ only through tau: rate = moments with tau / sqrt(1 - b2^r).
+- `v_init: 0.0` starts v at 0 (the authors' initial_accumulator_value); null keeps the form's
+  own start (tau^2 in the paper's form, 0 with bias correction).
+- Keras Adagrad has no first moment: `beta1: 0` gives m = g, exactly that step.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
@@ -74,10 +85,14 @@ class FedOpt(Aggregator):
         beta2: Beta = 0.99,
         tau: Annotated[float, Range(ge=0, words="it must be >= 0"), TAU] = 1e-3,
         bias_correction: Annotated[bool, Flag()] = False,
+        correction: Literal["moments", "rate"] = "moments",
+        v_init: Annotated[float | None, Range(ge=0, words="use a number >= 0, or null for the form's own "
+                                               "start (tau^2; 0 with bias_correction)")] = None,
     ) -> None:
         super().__init__(weighting)
         self.lr, self.beta1, self.beta2, self.tau = float(lr), float(beta1), float(beta2), float(tau)
-        self.bias_correction = bias_correction
+        self.bias_correction, self.correction = bias_correction, correction
+        self.v_init = (0.0 if bias_correction else self.tau**2) if v_init is None else float(v_init)
         self.m: Tensor | None = None  # [P] first moment
         self.v: Tensor | None = None  # [P] second moment
         self.steps = 0  # server steps taken: r of the bias correction
@@ -90,7 +105,7 @@ class FedOpt(Aggregator):
         """One optimizer step on g = update; returns the bias-correction divisors of m and v."""
         if self.m is None:
             self.m = torch.zeros_like(update)
-            self.v = torch.full_like(update, 0.0 if self.bias_correction else self.tau**2)
+            self.v = torch.full_like(update, self.v_init)
         self.steps += 1
         self.m = self.beta1 * self.m + (1 - self.beta1) * update  # Alg. 2 line 11
         self.v = self.second_moment(self.v, update * update)  # Alg. 2 lines 12-14
@@ -102,7 +117,11 @@ class FedOpt(Aggregator):
         c1, c2 = self.advance(update)
         # With tau = 0 an element whose g was always 0 has v = 0 and m = 0: clamping the
         # denominator to the smallest normal float makes that step 0 and changes no other.
-        denom = ((self.v / c2).sqrt() + self.tau).clamp_min(torch.finfo(update.dtype).tiny)
+        tiny = torch.finfo(update.dtype).tiny
+        if self.correction == "rate":  # Keras: lr_t = lr sqrt(c2) / c1, tau beside the raw sqrt(v)
+            denom = (self.v.sqrt() + self.tau).clamp_min(tiny)
+            return inputs.global_params + (self.lr * c2**0.5 / c1) * self.m / denom
+        denom = ((self.v / c2).sqrt() + self.tau).clamp_min(tiny)
         return inputs.global_params + self.lr * (self.m / c1) / denom  # Alg. 2 line 15
 
     def state_dict(self) -> dict:

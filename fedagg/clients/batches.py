@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fedagg.clients.client import ClientData
-from fedagg.data.device import apply_crop_flip, draw_crop_flip, inputs_key, labels_key, targets
+from fedagg.data.device import apply_crop_flip, crop_geometry, draw_crop_flip, inputs_key, labels_key, targets
 from fedagg.data.seeding import generator
 
 Selection = slice | Tensor  # chunk positions of a group of clients: a range, or an index tensor
@@ -41,13 +41,14 @@ class BatchPlan:
         if any(a < b for a, b in zip(self.steps, self.steps[1:])):
             raise ValueError("BatchPlan needs clients ordered by their number of steps, most first")
         order, crops = [], []
+        span = crop_geometry(data)[2] if data.augment else 0
         for client, n in zip(clients, sizes):
             g = generator(seed, "batches", client.id, round, device=data.device)
             dev = client.train_idx.device
             for _ in range(epochs):
                 order.append(client.train_idx[torch.randperm(n, generator=g, device=dev)])
                 if data.augment:  # one draw per batch, as DeviceData.train_batch makes it
-                    crops += [draw_crop_flip(len(b), g, data.device) for b in torch.arange(n).split(batch_size)]
+                    crops += [draw_crop_flip(len(b), g, data.device, span) for b in torch.arange(n).split(batch_size)]
         self.order = torch.cat(order).to(data.device)  # training-pool index of every sample served, client by client
         self.crops = None
         if crops:
@@ -117,7 +118,8 @@ def gather(picks: list[tuple[BatchPlan, Tensor]]) -> tuple[Tensor, Tensor]:
         # each plan's crop and flip values at its positions (augmented data; a plan of no samples has none)
         drawn = [[c[flat] for c in plan.crops] for plan, flat in (picks[i] for i in members) if plan.crops is not None]
         if drawn:
-            x = apply_crop_flip(x, *(_cat(list(values)) for values in zip(*drawn)))
+            padding, size, _ = crop_geometry(data)
+            x = apply_crop_flip(x, *(_cat(list(values)) for values in zip(*drawn)), padding=padding, size=size)
         xs.append(data.prepare(x))
     for members in _runs(picks, lambda plan: labels_key(plan.data)):
         ys.append(targets(picks[members[0]][0].data, "train", _cat([idx[i] for i in members])))

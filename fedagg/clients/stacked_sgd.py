@@ -7,6 +7,9 @@ the selected clients, so clients whose data has run out keep their weights and b
 Persistent state moves in and out as one flat [P] momentum vector per client (the
 buffers of the parameters in order, each flattened), the same for the sequential and
 parallel engines, so `LocalSGD.optimizer_states` (a `ClientStore`) serves both.
+`decays` (one flag per parameter tensor) limits weight decay to some of them: the kernels of
+convolutions and linear layers with `client.weight_decay_on: kernels`, as Keras's kernel
+regularizers in the FedOpt authors' ResNet (norms and biases keep their gradient as it is).
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ from torch import Tensor
 
 class StackedSGD:
     def __init__(self, params: list[Tensor], *, lr: float, momentum: float, nesterov: bool, weight_decay: float,
-                 saved: list[Tensor | None]) -> None:
-        """`params` [K, ...] per parameter tensor; `saved[k]` client k's flat momentum [P] or None."""
+                 saved: list[Tensor | None], decays: list[bool] | None = None) -> None:
+        """`params` [K, ...] per parameter tensor; `saved[k]` client k's flat momentum [P] or None; `decays`: which
+        parameter tensors weight decay applies to (None: all)."""
         self.params, self.lr, self.momentum = params, lr, momentum
         self.nesterov, self.weight_decay = nesterov, weight_decay
+        if decays is not None and len(decays) != len(params):
+            raise ValueError(f"StackedSGD: {len(decays)} decay flags for {len(params)} parameter tensors")
+        self.decays = None if decays is None or all(decays) else list(decays)
         self.buffers: list[Tensor] | None = None
         self.has_buffer = torch.zeros(len(saved), dtype=torch.bool, device=params[0].device)
         if momentum != 0:
@@ -37,8 +44,10 @@ class StackedSGD:
     def step(self, grads: list[Tensor], clients: slice | Tensor) -> None:
         """One step of the selected clients (a range: in place; an index tensor: gathered and written back)."""
         params = [p[clients] for p in self.params]
-        if self.weight_decay != 0:
+        if self.weight_decay != 0 and self.decays is None:
             grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
+        elif self.weight_decay != 0:
+            grads = [g.add(p, alpha=self.weight_decay) if d else g for g, p, d in zip(grads, params, self.decays)]
         update = grads
         if self.momentum != 0:
             bufs = [b[clients] for b in self.buffers]

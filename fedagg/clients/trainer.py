@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from fedagg.clients import forward as fwd
 from fedagg.clients.batches import BatchPlan, num_steps
@@ -61,6 +61,7 @@ class LocalSGD:
         momentum: Annotated[float, Range(ge=0, lt=1, words="it must be in [0, 1)")] = 0.0,
         nesterov: bool = False,
         weight_decay: Annotated[float, Range(ge=0, words="it must be >= 0")] = 0.0,
+        weight_decay_on: Literal["all", "kernels"] = "all",
         local_epochs: Count = 1,
         batch_size: Count = 32,
         schedule: Literal["constant", "exponential", "multistep"] = "constant",
@@ -75,6 +76,7 @@ class LocalSGD:
     ) -> None:
         _check(not nesterov or momentum > 0, "nesterov", nesterov, "Nesterov needs client.momentum > 0")
         self.lr, self.momentum, self.nesterov, self.weight_decay = lr, momentum, nesterov, weight_decay
+        self.weight_decay_on = weight_decay_on
         self.local_epochs, self.batch_size = int(local_epochs), int(batch_size)
         self.schedule, self.decay, self.milestones, self.gamma = schedule, decay, tuple(sorted(milestones)), gamma
         self.keep_optimizer_state = keep_optimizer_state
@@ -183,11 +185,14 @@ class LocalSGD:
             return None
         return StackedSensitivity(self.sensitivity, params, [self.sensitivities.get(c.id) for c in clients])
 
-    def optimizer(self, params: list[Tensor], clients: list[ClientData], lr: float) -> StackedSGD:
-        """SGD on stacked [k, ...] parameters, continuing each client's kept state when asked to."""
+    def optimizer(self, params: list[Tensor], clients: list[ClientData], lr: float,
+                  model: nn.Module | None = None) -> StackedSGD:
+        """SGD on stacked [k, ...] parameters (those of `model`, in its order), continuing each client's kept
+        state when asked to."""
         saved = [self.optimizer_states.get(c.id) if self.keep_optimizer_state else None for c in clients]
+        decays = None if self.weight_decay_on == "all" else kernel_flags(model)
         return StackedSGD(params, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
-                          weight_decay=self.weight_decay, saved=saved)
+                          weight_decay=self.weight_decay, saved=saved, decays=decays)
 
     def finish(self, plan: BatchPlan, clients: list[ClientData], trained: Tensor, buffers: Tensor,
                global_params: Tensor, sgd: StackedSGD, tracker: StackedSensitivity | None,
@@ -223,3 +228,15 @@ def _flat_momentum(state: dict) -> dict:
         return state
     return {cid: torch.cat([e["momentum_buffer"].reshape(-1) for _, e in sorted(sgd["state"].items())])
             for cid, sgd in state.items() if sgd["state"]}
+
+
+KERNEL_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+
+
+def kernel_flags(model: nn.Module | None) -> list[bool]:
+    """Per parameter tensor of `model` (its parameters() order): whether it is the weight of a convolution or a
+    linear layer, a kernel in Keras's words; norms' weights, biases and embeddings are not."""
+    if model is None:
+        raise ValueError("client.weight_decay_on=kernels needs the model to tell kernels from other parameters")
+    kernels = {id(m.weight) for m in model.modules() if isinstance(m, KERNEL_LAYERS)}
+    return [id(p) in kernels for p in model.parameters()]

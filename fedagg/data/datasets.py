@@ -49,12 +49,15 @@ class DatasetBundle:
     num_classes: int
     mean: tuple[float, ...]  # per channel, on the 0-1 scale (x / 255)
     std: tuple[float, ...]
-    augment: bool  # random crop (pad 4) + horizontal flip, applied on the device
+    augment: bool  # random crop (pad 4; or unpadded to `crop`) + horizontal flip, applied on the device
     inputs: str = "images"  # a key of INPUT_KINDS
     # A federated dataset's own clients (partition=natural): the client each sample belongs to, [N] and [M],
     # with every client's test samples in test_x; None for a centralised dataset.
     train_owner: Tensor | None = None
     test_owner: Tensor | None = None
+    # A square crop of every image (train: random, test: central; fedagg.data.device): what the model is built
+    # for, `image_size`. None: the images as they are (with `augment`, the padded crop of their own size).
+    crop: int | None = None
 
     def __post_init__(self) -> None:
         # Hydra hands over ListConfig; plain floats keep the bundle picklable and printable.
@@ -73,6 +76,11 @@ class DatasetBundle:
                 raise ValueError(f"{self.name}: {split}_owner must be int64 [N], one client id per sample")
         if (self.train_owner is None) != (self.test_owner is None):
             raise ValueError(f"{self.name}: natural clients need both train_owner and test_owner")
+        if self.crop is not None:
+            side = self.train_x.shape[-1] if self.inputs == "images" else 0
+            if isinstance(self.crop, bool) or not isinstance(self.crop, int) or not 1 <= self.crop <= side:
+                raise ValueError(f"dataset.crop={self.crop!r} is not allowed; use null or a side in 1..{side} "
+                                 f"(the images are {side}x{side}; Reddi et al. crop CIFAR to 24)")
         if len(self.mean) != self.in_channels or len(self.std) != self.in_channels:
             raise ValueError(f"{self.name}: mean and std need one value per channel ({self.in_channels})")
 
@@ -82,7 +90,10 @@ class DatasetBundle:
 
     @property
     def image_size(self) -> int:
-        """The side of a square image; a token sequence's length (what a sequence model is built for)."""
+        """The side of a square image (of its crop, when cropped); a token sequence's length (what a sequence
+        model is built for)."""
+        if self.crop is not None:
+            return self.crop
         return self.train_x.shape[1] - 1 if self.inputs == "tokens" else self.train_x.shape[2]
 
 
@@ -283,7 +294,8 @@ def _unreadable_pickle(folder: Path, files: dict[str, tuple[str, ...]]) -> str |
     return None
 
 
-def _cifar(cls: type, name: str, root: str, mean, std, augment: bool, verify_md5: bool, download: bool) -> DatasetBundle:
+def _cifar(cls: type, name: str, root: str, mean, std, augment: bool, verify_md5: bool, download: bool,
+           crop: int | None = None) -> DatasetBundle:
     root_path = data_root(root)
     folder = root_path / cls.base_folder
     checksums = [*cls.train_list, *cls.test_list, [cls.meta["filename"], cls.meta["md5"]]]
@@ -309,32 +321,32 @@ def _cifar(cls: type, name: str, root: str, mean, std, augment: bool, verify_md5
         raise DataError(f"{name}: cannot read {bad} in {folder}; copy it again ({how})") from None
     return DatasetBundle(
         name, _from_hwc(train.data), _labels(train.targets), _from_hwc(test.data), _labels(test.targets),
-        len(train.classes), mean, std, augment,
+        len(train.classes), mean, std, augment, crop=crop,
     )
 
 
 def cifar10(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
             verify_md5: bool = True, download: bool = False,
-            default_model: str | None = None) -> DatasetBundle:
+            default_model: str | None = None, crop: int | None = None) -> DatasetBundle:
     """CIFAR-10 3x32x32 from `root/cifar-10-batches-py/` (the python-pickle release)."""
     del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
-    return _cifar(_tv().CIFAR10, "cifar10", root, mean, std, augment, verify_md5, download)
+    return _cifar(_tv().CIFAR10, "cifar10", root, mean, std, augment, verify_md5, download, crop)
 
 
 def cifar100(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
              verify_md5: bool = True, download: bool = False,
-             default_model: str | None = None) -> DatasetBundle:
+             default_model: str | None = None, crop: int | None = None) -> DatasetBundle:
     """CIFAR-100 3x32x32, the 100 fine labels, from `root/cifar-100-python/`."""
     del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
-    return _cifar(_tv().CIFAR100, "cifar100", root, mean, std, augment, verify_md5, download)
+    return _cifar(_tv().CIFAR100, "cifar100", root, mean, std, augment, verify_md5, download, crop)
 
 
 def cifar100_fl(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = True,
                 verify_md5: bool = True, download: bool = False,
-                default_model: str | None = None) -> DatasetBundle:
+                default_model: str | None = None, crop: int | None = None) -> DatasetBundle:
     """CIFAR-100 as federated by Reddi et al. 2021 (App. C): the `cifar100` files, whose training set
     `partition=pachinko` splits into 500 clients of 100 images; the test set is cifar100's."""
     del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
-    bundle = _cifar(_tv().CIFAR100, "cifar100", root, mean, std, augment, verify_md5, download)
+    bundle = _cifar(_tv().CIFAR100, "cifar100", root, mean, std, augment, verify_md5, download, crop)
     bundle.name = "cifar100_fl"
     return bundle

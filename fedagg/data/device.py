@@ -1,7 +1,8 @@
 """Device-resident data: uint8 images on the run's device, batches gathered by index.
 
 Every batch is gathered, augmented (CIFAR-style random crop with padding 4 and a
-horizontal flip), normalised and adapted to the backbone's input shape (resize, grey to
+horizontal flip; with a dataset's `crop: S`, a random S x S crop without padding and the flip,
+test images cropped at their centre, as Reddi et al.'s TFF pipeline crops CIFAR to 24x24), normalised and adapted to the backbone's input shape (resize, grey to
 RGB) on the device, so no DataLoader workers or per-sample host work sit in the training
 path (DESIGN principle 6).
 """
@@ -57,7 +58,8 @@ def inputs_key(data) -> tuple:
     preparation): their batches can be gathered together."""
     if not isinstance(data, DeviceData):
         return ("data", id(data))
-    return id(data.train_x), id(data.train_noise), data.augment, data.inputs, data.input_shape, data.normalisation
+    return (id(data.train_x), id(data.train_noise), data.augment, data.crop, data.inputs, data.input_shape,
+            data.normalisation)
 
 
 def labels_key(data) -> tuple:
@@ -72,6 +74,7 @@ class DeviceData:
         self.name = bundle.name
         self.num_classes = bundle.num_classes
         self.augment = bool(bundle.augment)
+        self.crop = getattr(bundle, "crop", None)  # side of the square crop (train: random, test: central), or None
         self.inputs = getattr(bundle, "inputs", "images")  # DatasetBundle's INPUT_KINDS; plain namespaces are images
         self.device = device
         self.train_x, self.train_y = shared(bundle.train_x.to(device)), shared(bundle.train_y.to(device))
@@ -137,7 +140,8 @@ class DeviceData:
             return x
         x = x.float().div_(255.0) if x.dtype == torch.uint8 else x
         if augment:
-            x = random_crop_flip(x, generator)
+            x = random_crop_flip(x, generator, self.crop)
+        x = center_crop(x, self.crop)  # test images; training ones arrive cropped already
         x = (x - self.mean) / self.std
         c, h, w = self.input_shape
         if x.shape[-2:] != (h, w):
@@ -178,31 +182,56 @@ def local_test(data, idx: Tensor) -> tuple[Tensor, Tensor]:
     return data.prepare(data.test_x[idx] if split == "test" else data.train_images(idx)), targets(data, split, idx)
 
 
-def random_crop_flip(x: Tensor, generator: torch.Generator | None) -> Tensor:
-    """Per-sample random crop after zero padding, then a random horizontal flip."""
-    return apply_crop_flip(x, *draw_crop_flip(x.shape[0], generator, x.device))
+def crop_geometry(data) -> tuple[int, int | None, int]:
+    """(zero padding, output side or None for the input's own, offsets per axis) of `data`'s training crop."""
+    crop = getattr(data, "crop", None)
+    if crop is None:
+        return CROP_PADDING, None, 2 * CROP_PADDING + 1
+    return 0, crop, data.train_x.shape[-1] - crop + 1
 
 
-def draw_crop_flip(b: int, generator: torch.Generator | None, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """The random part of `random_crop_flip` for a batch of `b`: offsets oy, ox [b, 1] and flip [b], in that order.
+def center_crop(x: Tensor, crop: int | None) -> Tensor:
+    """The central crop x crop of [B, C, H, W] (offset (H - crop) // 2, as tf.image's central crop); x itself
+    when crop is None or x is that size already."""
+    if crop is None or x.shape[-1] == crop:
+        return x
+    top, left = (x.shape[-2] - crop) // 2, (x.shape[-1] - crop) // 2
+    return x[..., top: top + crop, left: left + crop]
+
+
+def random_crop_flip(x: Tensor, generator: torch.Generator | None, crop: int | None = None) -> Tensor:
+    """Per-sample random crop (after zero padding of 4, or an unpadded crop x crop), then a random horizontal flip."""
+    if crop is None:
+        return apply_crop_flip(x, *draw_crop_flip(x.shape[0], generator, x.device))
+    drawn = draw_crop_flip(x.shape[0], generator, x.device, span=x.shape[-1] - crop + 1)
+    return apply_crop_flip(x, *drawn, padding=0, size=crop)
+
+
+def draw_crop_flip(b: int, generator: torch.Generator | None, device: torch.device,
+                   span: int = 2 * CROP_PADDING + 1) -> tuple[Tensor, Tensor, Tensor]:
+    """The random part of `random_crop_flip` for a batch of `b`: offsets oy, ox [b, 1] in [0, span) and flip [b],
+    in that order. A 24 crop of 32 has the same span (9) as the padded 32 crop, so it draws the same values.
 
     A parallel engine draws these per client ahead of training, from the same stream and in
     the same order as a client trained alone, and applies them later to stacked batches.
     """
-    oy = torch.randint(0, 2 * CROP_PADDING + 1, (b, 1), device=device, generator=generator)
-    ox = torch.randint(0, 2 * CROP_PADDING + 1, (b, 1), device=device, generator=generator)
+    oy = torch.randint(0, span, (b, 1), device=device, generator=generator)
+    ox = torch.randint(0, span, (b, 1), device=device, generator=generator)
     flip = torch.rand(b, device=device, generator=generator) < 0.5
     return oy, ox, flip
 
 
-def apply_crop_flip(x: Tensor, oy: Tensor, ox: Tensor, flip: Tensor) -> Tensor:
-    """Crop [B, C, H, W] at offsets (oy, ox) [B, 1] of its zero-padded copy, then flip where `flip` [B].
+def apply_crop_flip(x: Tensor, oy: Tensor, ox: Tensor, flip: Tensor, padding: int = CROP_PADDING,
+                    size: int | None = None) -> Tensor:
+    """Crop [B, C, H, W] to size x size (default H x W) at offsets (oy, ox) [B, 1] of its copy zero-padded by
+    `padding`, then flip where `flip` [B].
 
     Pure data movement with zero fill, so it commutes with the uint8 -> float conversion.
     """
     b, _, h, w = x.shape
+    h, w = (h, w) if size is None else (size, size)
     dev = x.device
-    padded = F.pad(x, (CROP_PADDING,) * 4)
+    padded = F.pad(x, (padding,) * 4) if padding else x
     rows = (oy + torch.arange(h, device=dev)).view(b, 1, h, 1)
     cols = (ox + torch.arange(w, device=dev)).view(b, 1, 1, w)
     batch = torch.arange(b, device=dev).view(b, 1, 1, 1)

@@ -93,7 +93,7 @@ class Part:
         job, k = self.job, len(self.clients)
         self.offset, rows = offset, slice(offset, offset + k)
         self.P, self.Bf = [p[rows] for p in P], [b[rows] for b in Bf]  # views: steps write into the stack
-        self.sgd = job.trainer.optimizer(self.P, self.clients, job.lr)
+        self.sgd = job.trainer.optimizer(self.P, self.clients, job.lr, job.model)
         self.tracker = job.trainer.tracker(self.P, self.clients)
         self.run = job.trainer.run_inputs(job.global_params, job.global_buffers, shapes, templates)
         self.own = job.trainer.client_inputs(self.clients, job.data, job.global_params, job.global_buffers, shapes,

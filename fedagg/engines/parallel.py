@@ -9,10 +9,11 @@ its loss, so a step is one call whatever the batch sizes (not for BatchNorm, who
 statistics the filling would change: there a step is one call per batch size).
 Batches, loss and optimizer arithmetic are the trainer's (fedagg.clients.trainer), the
 same the sequential engine runs one client at a time, so for the same seed this engine
-reproduces `SequentialEngine` to float tolerance: the reference it is tested against.
-A client's arithmetic does not depend on which clients share its call, so the runs of a
-stacked sweep (fedagg/stacking) get what each gets alone, bit for bit where the kernels
-allow (linear layers; convolutions per client on the CPU's large batches). Runs on one
+reproduces `SequentialEngine` to float tolerance (dropout's masks aside): the reference it is
+tested against. A client's arithmetic does not depend on which clients share its call (its
+dropout masks do: the call draws them together), so the runs of a stacked sweep
+(fedagg/stacking) get what each gets alone, bit for bit where the kernels allow (linear
+layers; convolutions per client on the CPU's large batches). Runs on one
 dataset share its tensors, so a step's batches of all of them come from one gather, and a
 step over several runs' clients takes their rows of the chunk's stacks (views where the
 rows are one range) rather than joining every run's block.
@@ -35,6 +36,7 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.clients.validation import ValidationPlan
 from fedagg.config.constraints import Range, checked
 from fedagg.data.device import targets
+from fedagg.data.seeding import global_rng, stream_seed
 from fedagg.engines._chunk import Part, Stack, chunk_rows, count, group_inputs, map_tensors, twice
 from fedagg.engines._packed import pack, stacked_channels_last
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
@@ -124,7 +126,11 @@ class ParallelEngine(Engine):
         key = (several, compiled, repr(map_tensors(lambda t: 0, run)), repr(map_tensors(lambda t: 0, own)))
         if key not in self._train_fns:
             dims = (0, 0, 0, 0, map_tensors(lambda t: 0 if several else None, run), map_tensors(lambda t: 0, own))
-            fn = vmap(self._client_forward, in_dims=dims)
+            # a model with dropout (cnn_emnist_tff) draws a mask per client, as clients trained one by one would;
+            # the masks come from torch's generator, seeded per round in train_rounds: not those of the sequential
+            # engine (it seeds per client), and they depend on the call's clients (the stacked launcher runs such a
+            # job alone)
+            fn = vmap(self._client_forward, in_dims=dims, randomness="different")
             self._train_fns[key] = torch.compile(fn) if compiled else fn
         return self._train_fns[key]
 
@@ -150,6 +156,13 @@ class ParallelEngine(Engine):
         run with its own global weights, clients, data, trainer and learning rate. Every client's local
         training is its own computation, so each result is what `train_round(job)` gives that job alone.
         `stop`: asked before every step; true raises KeyboardInterrupt (a second Ctrl-C)."""
+        # what the model draws from torch's global generator (dropout's masks, for every client at once) comes from
+        # a stream of the first run's seed and the round: a run's seed determines it, whatever ran before
+        with global_rng(stream_seed(jobs[0].seed, "stacked_training_draws", jobs[0].round, len(jobs)),
+                        jobs[0].global_params.device):
+            return self._train_rounds(jobs, stop)
+
+    def _train_rounds(self, jobs: list[RoundJob], stop: Callable[[], bool] | None) -> list[RoundResult]:
         self._prepare_model(jobs[0].model)
         self._resolve_chunk_size(jobs)
         steps = [job.steps() for job in jobs]

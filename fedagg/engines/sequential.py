@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from fedagg.clients.forward import frozen_call
 from fedagg.clients.validation import score_model
+from fedagg.data.seeding import global_rng, stream_seed
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
 from fedagg.models.base import Representation
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
@@ -29,7 +30,11 @@ class SequentialEngine(Engine):
             start = job.trainer.starts([job.clients[k]], job.global_params, job.global_buffers)
             set_params(job.model, job.global_params if start is None else start[0][0])
             set_buffers(job.model, job.global_buffers if start is None else start[1][0])
-            loss, payload, sensitivity = self._train_client(job, k)
+            # what the model draws from torch's global generator (dropout's masks) comes from the client's own
+            # stream, as its batches do: a run's seed determines it, whatever ran before in the process
+            draws = stream_seed(job.seed, "training_draws", job.round, job.clients[k].id)
+            with global_rng(draws, job.global_params.device):
+                loss, payload, sensitivity = self._train_client(job, k)
             losses.append(loss)
             payloads.append(payload)
             sensitivities.append(sensitivity)
@@ -55,7 +60,7 @@ class SequentialEngine(Engine):
         plan = trainer.plan([client], job.data, seed=job.seed, round=job.round, budgets=None if budget is None else [budget])
         params, templates = list(model.parameters()), list(model.buffers())
         shapes = [p.shape for p in params]
-        sgd = trainer.optimizer([p.data.unsqueeze(0) for p in params], [client], job.lr)  # steps write into the model
+        sgd = trainer.optimizer([p.data.unsqueeze(0) for p in params], [client], job.lr, model)  # steps write into the model
         tracker = trainer.tracker([p.data.unsqueeze(0) for p in params], [client])
         run = trainer.run_inputs(job.global_params, job.global_buffers, shapes, templates)
         own = trainer.client_inputs([client], job.data, job.global_params, job.global_buffers, shapes, templates)

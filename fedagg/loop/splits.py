@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import math
-import threading
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
 from fedagg.clients.client import ClientData
-from fedagg.data.seeding import generator, stream_seed
+from fedagg.data.seeding import generator, global_rng, stream_seed
 from fedagg.models.base import Backbone
 
 
@@ -42,17 +41,12 @@ def make_clients(parts: list[Tensor], val_frac: float, seed: int, device: torch.
     return clients
 
 
-_GLOBAL_GENERATOR = threading.Lock()
-
-
 def build_model(factory: Callable[..., nn.Module], bundle, seed: int, device: torch.device,
                 projection_head: int = 0) -> nn.Module:
     """The initial global model, drawn from its own stream without touching the global RNG; with
     `projection_head` > 0, MOON's projection head of that width under its classifier, drawn after the backbone
     (whose weights are then those of the same run without it)."""
-    # the lock: runs of a stacked sweep build their models in threads of one process, and share this generator
-    with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=[]):  # the CPU generator only: built on the CPU, then moved
-        torch.default_generator.manual_seed(stream_seed(seed, "init"))  # torch.manual_seed would reseed every GPU
+    with global_rng(stream_seed(seed, "init")):  # the CPU generator only: built on the CPU, then moved
         model = factory(num_classes=bundle.num_classes, in_channels=bundle.in_channels, image_size=bundle.image_size)
         if projection_head and isinstance(model, Backbone):  # another model: refused by assembly.check_model_for
             model.add_projection_head(projection_head)

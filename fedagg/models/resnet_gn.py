@@ -5,20 +5,38 @@ trained weights is averaged across clients, and it behaves the same at any batch
 
 torchvision's resnet18 with every BatchNorm2d replaced by GroupNorm(groups, C); the stems are
 those of `fedagg.models.resnet_imagenet` (`stem: cifar` by default: a 3x3/1 conv and no
-max-pool at the dataset's own size, for 32x32 images)."""
-from torch import nn
+max-pool at the dataset's own size, for 32x32 images).
+
+`block: preact` builds the pre-activation (v2) network of the authors' TFF code instead
+(fedagg/models/resnet_preact.py), with the same stems; `stem: imagenet` with `input_size: null`
+is their 7x7/2 conv + 3x3/2 max-pool at the images' own size (24x24 with `dataset.crop: 24`)."""
+from torch import Tensor, nn
 
 from fedagg.models.resnet_imagenet import ResNet18
+from fedagg.models.resnet_preact import PreActResNet18
+
+BLOCKS = ("basic", "preact")
 
 
 class ResNet18GN(ResNet18):
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int, groups: int = 2,
-                 stem: str = "cifar", input_size: int | None = None):
+                 stem: str = "cifar", input_size: int | None = None, block: str = "basic"):
         if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or 64 % groups:
             raise ValueError(f"model.groups={groups!r} is not allowed; it must divide 64 (the narrowest layer), e.g. 2")
+        if block not in BLOCKS:
+            raise ValueError(f"model.block={block!r} is not allowed; choose one of {', '.join(BLOCKS)} "
+                             f"(basic: torchvision's v1 blocks; preact: the FedOpt authors' v2 network)")
         super().__init__(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
                          input_size=input_size, stem=stem)
-        _swap_norms(self.net, groups)
+        self.block = block
+        if block == "preact":  # the stem check and input_shape above stand; the layers are v2's
+            channels = self.input_shape[0]
+            self.net = PreActResNet18(num_classes, channels, groups, stem)
+        else:
+            _swap_norms(self.net, groups)
+
+    def encode(self, x: Tensor) -> Tensor:
+        return self.net.features(x) if self.block == "preact" else super().encode(x)
 
 
 def _swap_norms(module: nn.Module, groups: int) -> None:

@@ -72,6 +72,9 @@ def group_key(cfg: DictConfig) -> tuple[str | None, str]:
     for key in ("deterministic", "tf32"):
         if plain.get(key) is True:
             return None, f"{key}=true is a process-wide torch setting"
+    if drawn := _dropout(plain.get("model")):
+        return None, (f"its model draws dropout masks while it trains ({drawn}), and a stacked call draws them for all "
+                      "its runs' clients from one generator: its result would depend on the runs beside it")
     client = plain.get("client", {})
     shared = {"dataset": plain.get("dataset"), "model": plain.get("model"), "device": device,
               "projection_head": _projection_head(task),  # MOON's head changes the model's structure
@@ -79,6 +82,16 @@ def group_key(cfg: DictConfig) -> tuple[str | None, str]:
               "engine": {k: v for k, v in plain["engine"].items() if k not in ("_target_", "device")},
               "batch_size": client.get("batch_size"), "local_epochs": client.get("local_epochs")}
     return json.dumps(shared, sort_keys=True, default=str), ""
+
+
+def _dropout(model: dict | None) -> str:
+    """The model's dropout keys that are on, read from its config ('model.dropout_conv=0.25, ...'; '' for none).
+    Dropout is the one randomness fedagg's models draw in training (from torch's global generator, which every other
+    stream avoids); a model names its rates `dropout*` (models/tff.py), so the config says it before anything is
+    built."""
+    on = [f"model.{k}={v}" for k, v in (model or {}).items() if "dropout" in str(k) and isinstance(v, (int, float))
+          and not isinstance(v, bool) and v > 0]
+    return ", ".join(on)
 
 
 def _projection_head(task: DictConfig) -> int:
