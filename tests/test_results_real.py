@@ -76,7 +76,7 @@ def test_the_loaders_read_what_the_runs_wrote(which, request):
     if which == "basic":  # one after another: every run's own time, nothing overlaps
         assert spent(summaries) == pytest.approx(sum(walls), abs=2e-3)  # times kept to the millisecond
     else:
-        assert max(walls) <= spent(summaries) < 0.5 * sum(walls)
+        assert max(walls) - 2e-3 <= spent(summaries) < 0.5 * sum(walls)  # the longest job's time, to the millisecond
 
 
 def test_the_table_shows_each_method_by_its_name_with_its_last_k_mean(basic, capsys):
