@@ -8,6 +8,8 @@
 # makes training on heterogeneous devices more stable).
 #
 #   scripts/fedprox_synthetic.sh [OUT_DIR] [extra overrides, e.g. rounds=20, system=stragglers system.fraction=0.9]
+# With stragglers, FedProx's FedAvg drops them and its stragglers run whole epochs: add system.work=epochs_code
+# and system.partial_work=drop to the FedAvg sweep (+experiment=fedprox_figures sets both per method).
 # About 5 s a round per run at OMP_NUM_THREADS=1 on a 2-core CPU: six runs of 200 rounds are hours there.
 set -euo pipefail
 out=${1:-outputs/fedprox_synthetic}

@@ -109,7 +109,7 @@ class RoundLoop:
             return {"round": r, "test_acc": None, "test_loss": None, "train_loss": None, "update_norm": 0.0,
                     "lr": lr, "clients": 0, **bits}
         chosen = [fed.clients[i] for i in ids]
-        budgets = fed.system.budgets(seed, r, ids, [fed.trainer.steps(c) for c in chosen])
+        budgets = fed.system.budgets(seed, r, ids, [fed.trainer.steps(c) for c in chosen], fed.trainer.local_epochs)
         result = fed.engine.train_round(RoundJob(
             fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=seed, round=r,
             val_indices=self.provider.val_indices(chosen), budgets=budgets))

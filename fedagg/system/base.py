@@ -32,6 +32,7 @@ class System:
         """The sampled client ids whose update reaches the server, in the order given."""
         return sampled
 
-    def budgets(self, seed: int, round: int, ids: list[int], full: list[int]) -> list[int] | None:
-        """Local steps each client takes (None: every one its full `full[k]` steps)."""
+    def budgets(self, seed: int, round: int, ids: list[int], full: list[int], epochs: int = 1) -> list[int] | None:
+        """Local steps each client takes (None: every one its full `full[k]` steps, which are `epochs` local
+        epochs)."""
         return None
