@@ -15,3 +15,12 @@ class StopInRound2(FedAvg):
             StopInRound2.armed = False
             signal.raise_signal(signal.SIGINT)
         return super().server_update(inputs, update)
+
+
+def stopped_in_round_2(train, cfg, folder):
+    """`train(cfg, folder)` with StopInRound2 armed: the run's summary, interrupted after round 2's checkpoint."""
+    StopInRound2.armed = True
+    try:
+        return train(cfg, folder)
+    finally:
+        StopInRound2.armed = False

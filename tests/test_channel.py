@@ -17,7 +17,7 @@ from fedagg.channel import DP, QSGD, Channel, RandK, Setup, Sign, TopK
 from fedagg.channel.privacy import epsilon
 from fedagg.run import train
 from conftest import compose_config
-from stopping import StopInRound2
+from stopping import StopInRound2, stopped_in_round_2
 
 G = torch.Generator().manual_seed(0)
 
@@ -210,11 +210,7 @@ def test_error_feedback_resumes_exactly_from_a_checkpoint_with_its_rows_in_files
     overrides = ["rounds=4", "device=cpu", "checkpoint_every=1", *overrides]
     reference = train(compose_config(*overrides), tmp_path / "reference")
     run = tmp_path / "run"
-    StopInRound2.armed = True
-    try:
-        stopped = train(compose_config(*overrides), run)
-    finally:
-        StopInRound2.armed = False
+    stopped = stopped_in_round_2(train, compose_config(*overrides), run)
     assert stopped["status"] == "interrupted" and stopped["rounds_completed"] == 2
     errors = errors_at(torch.load(run / "checkpoint.pt", weights_only=False))
     # every e_k but the most recently used sits in the run's folder; the checkpoint names its file

@@ -15,7 +15,7 @@ from dp_accounting import dp_event  # noqa: E402
 from dp_accounting.rdp import RdpAccountant  # noqa: E402
 
 from conftest import compose_config  # noqa: E402
-from stopping import StopInRound2  # noqa: E402
+from stopping import stopped_in_round_2  # noqa: E402
 from fedagg import run_experiment  # noqa: E402
 from fedagg.aggregators.base import FedAvg  # noqa: E402
 from fedagg.channel import DP, Setup  # noqa: E402
@@ -120,11 +120,7 @@ def test_a_resumed_run_continues_the_accountant_exactly(tmp_path):
                  "system.p=0.5", "aggregator._target_=stopping.StopInRound2"]
     train(compose_config(*overrides), tmp_path / "reference")
     run = tmp_path / "run"
-    StopInRound2.armed = True
-    try:
-        assert train(compose_config(*overrides), run)["status"] == "interrupted"
-    finally:
-        StopInRound2.armed = False
+    assert stopped_in_round_2(train, compose_config(*overrides), run)["status"] == "interrupted"
     kept = torch.load(run / "checkpoint.pt", weights_only=False)["channel"]["stages"][0]
     assert len(kept["events"]) == 2
     train(compose_config(*overrides, "resume=true"), run)

@@ -15,7 +15,7 @@ from fedagg.engines.sequential import SequentialEngine
 from fedagg.models.flat import get_buffers, get_params
 from fedagg.models.tff import CNNEmnistTFF
 from fedagg.run import train
-from stopping import StopInRound2
+from stopping import stopped_in_round_2
 from test_parallel_engine import _setup
 
 
@@ -53,11 +53,7 @@ def test_runs_of_a_dropout_model_repeat_and_resume_bit_for_bit(tmp_path, engine)
     torch.rand(1000)
     again = train(compose_config(*overrides), tmp_path / "again")
     run = tmp_path / "run"
-    StopInRound2.armed = True
-    try:
-        stopped = train(compose_config(*overrides), run)
-    finally:
-        StopInRound2.armed = False
+    stopped = stopped_in_round_2(train, compose_config(*overrides), run)
     assert stopped["status"] == "interrupted" and stopped["rounds_completed"] == 2
     torch.rand(1000)
     resumed = train(compose_config(*overrides, "resume=true"), run)
