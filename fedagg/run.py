@@ -32,10 +32,10 @@ from fedagg.edge.job_checks import (FolderHeld, SetupError, check_no_ignored_cho
                                     user_error_of)
 from fedagg.edge.sweep import SweepSummary, concurrent_jobs
 from fedagg.loop.assembly import assemble
-from fedagg.loop.checkpoints import load_checkpoint
-from fedagg.loop import interrupts, threads
-from fedagg.loop.folder import RunFolder, clear_run, held_run, held_sweep
-from fedagg.loop.numerics import numerics
+from fedagg.runtime.checkpoints import load_checkpoint
+from fedagg.runtime import interrupts, threads
+from fedagg.runtime.folder import RunFolder, clear_run, held_run, held_sweep
+from fedagg.runtime.numerics import numerics
 from fedagg.loop.round_loop import run_federation
 from fedagg.config.names import DISPLAY_NAME
 from fedagg.data.device import resolve_device

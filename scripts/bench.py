@@ -46,7 +46,7 @@ from fedagg.engines.base import RoundJob  # noqa: E402
 from fedagg.engines.parallel import ParallelEngine  # noqa: E402
 from fedagg.engines.sequential import SequentialEngine  # noqa: E402
 from fedagg.loop.assembly import Parts, assemble  # noqa: E402
-from fedagg.loop.settings import Settings, sample_clients  # noqa: E402
+from fedagg.config.settings import Settings, sample_clients  # noqa: E402
 from fedagg.loop.splits import build_model  # noqa: E402
 from fedagg.models.flat import get_buffers, get_params  # noqa: E402
 

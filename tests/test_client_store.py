@@ -6,7 +6,7 @@ import fedagg.clients.store as store_module
 from conftest import compose_config
 from fedagg.aggregators.scaffold import Scaffold
 from fedagg.clients.store import ClientStore
-from fedagg.loop.interrupts import StoppedNow
+from fedagg.runtime.interrupts import StoppedNow
 from fedagg.run import train
 
 ROW = 4 * 4  # bytes of one float32 [4] tensor

@@ -12,7 +12,7 @@ from conftest import compose_config
 from fedagg.aggregators.fedlaw import FedLAW
 from fedagg.aggregators.median import Median
 from fedagg.config.constraints import Flag, Items, Range, checked
-from fedagg.loop.schema import check_config, check_node
+from fedagg.config.schema import check_config, check_node
 from fedagg.run import GROUPS
 
 

@@ -9,7 +9,7 @@ from fedagg.clients.forward import ClientInputs, RunInputs
 from fedagg.clients.trainer import LocalSGD
 from fedagg.engines import _packed
 from fedagg.engines.parallel import ParallelEngine
-from fedagg.loop import checkpoints
+from fedagg.runtime import checkpoints
 from fedagg.loop.splits import build_model
 from fedagg.models.cnns import CNNSmall
 from fedagg.models.simple import MLP

@@ -384,7 +384,7 @@ def test_table_runs_end_to_end_at_a_tiny_scale(name, tmp_path, monkeypatch, requ
 def test_an_objective_an_experiment_selects_per_method_is_checked_where_it_stands():
     """`client.objective: ${oc.select:table.methods.${method}.objective,...}` chooses a whole node whose own
     ${table.profiles...} resolve only in the config: the checks once copied it out and failed every FedProx cell."""
-    from fedagg.loop.schema import check_config
+    from fedagg.config.schema import check_config
     from fedagg.run import GROUPS as RUN_GROUPS
 
     cfg, _ = compose_table("fedawa_table1", "method=fedprox")

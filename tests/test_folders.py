@@ -79,7 +79,7 @@ def test_a_completed_run_resumed_with_another_config_is_refused_and_unchanged(fi
 
 HOLD = """
 import sys, time
-from fedagg.loop.folder import RunFolder
+from fedagg.runtime.folder import RunFolder
 RunFolder(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(60)

@@ -6,7 +6,7 @@ import torch
 
 import fedagg.clients.store as store_module
 from conftest import compose_config
-from fedagg.loop.interrupts import StoppedNow
+from fedagg.runtime.interrupts import StoppedNow
 from fedagg.run import train
 
 

@@ -1,7 +1,7 @@
 import io
 import logging
 
-from fedagg.loop.progress import RoundProgress
+from fedagg.runtime.progress import RoundProgress
 
 
 class Terminal(io.StringIO):
@@ -49,7 +49,7 @@ def test_a_round_loop_in_a_thread_logs_lines_even_on_a_terminal(caplog):
     lines, and their group draws one bar of the rounds it trains."""
     import threading
 
-    from fedagg.loop.progress import GroupProgress
+    from fedagg.runtime.progress import GroupProgress
 
     caplog.set_level(logging.INFO, logger="fedagg")
     stream = Terminal()

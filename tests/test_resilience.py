@@ -14,8 +14,8 @@ import torch
 
 from conftest import ROOT, compose_config
 from fedagg.aggregators.base import Aggregator
-from fedagg.loop.checkpoints import save_checkpoint
-from fedagg.loop.interrupts import StopRequests
+from fedagg.runtime.checkpoints import save_checkpoint
+from fedagg.runtime.interrupts import StopRequests
 from fedagg.run import train
 
 TESTS = str(ROOT / "tests")

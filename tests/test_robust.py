@@ -237,7 +237,7 @@ def test_an_attack_that_corrupts_nobody_gets_one_notice(caplog):
     from hydra.utils import instantiate
 
     from fedagg.loop.assembly import Parts, connect
-    from fedagg.loop.settings import Settings
+    from fedagg.config.settings import Settings
     from fedagg.run import GROUPS
 
     caplog.set_level("WARNING", logger="fedagg")

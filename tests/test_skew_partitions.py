@@ -197,7 +197,7 @@ def test_pachinko_splits_all_of_cifar100_into_reddis_500_clients():
 
 def test_partition_noise_is_a_key_of_any_partition_checked_before_anything_is_built():
     from conftest import compose_config
-    from fedagg.loop.schema import check_config
+    from fedagg.config.schema import check_config
     from fedagg.results.groups import GROUPS
 
     check_config(compose_config("+partition.noise=0.2", "model=mlp"), GROUPS)

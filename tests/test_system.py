@@ -9,7 +9,7 @@ import torch
 
 from conftest import compose_config
 from fedagg.data.seeding import generator
-from fedagg.loop.settings import Settings, sample_clients
+from fedagg.config.settings import Settings, sample_clients
 from fedagg.run import train
 from fedagg.system.availability import Availability
 from fedagg.system.stragglers import Stragglers

@@ -9,7 +9,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from conftest import compose_config
-from fedagg.loop import threads
+from fedagg.runtime import threads
 from fedagg.run import concurrent_jobs, train
 
 

@@ -5,7 +5,7 @@ A parameter states what it accepts in its annotation:
     beta: Annotated[float, Range(ge=0, lt=0.5)] = 0.1
     evaluate: Literal["last_two", "global"] = "last_two"
 
-Two readers enforce it with the same one-line message: `fedagg.loop.schema` on the composed
+Two readers enforce it with the same one-line message: `fedagg.config.schema` on the composed
 config, before anything is built, and `@checked(prefix)` on the constructor, for an object
 built from Python (a test, a notebook). The message is `<prefix><key>=<value> is not allowed;
 <allowed>`; `allowed` is written out from the range unless the declaration gives its own words.

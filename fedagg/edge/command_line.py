@@ -14,7 +14,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf import DictConfig, OmegaConf
 
 from fedagg.edge import CONF
-from fedagg.loop.schema import META_KEYS, check_node
+from fedagg.config.schema import META_KEYS, check_node
 
 
 def _option_line(group: str, value: str, options: list[str], listed: str | None = None) -> str:

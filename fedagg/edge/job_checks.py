@@ -18,8 +18,8 @@ from omegaconf.errors import InterpolationKeyError
 from fedagg.edge.channel_choice import uniform_mean_for_privacy
 from fedagg.edge.default_model import with_default_model
 from fedagg.loop.assembly import Parts, connect
-from fedagg.loop.schema import check_config
-from fedagg.loop.settings import Settings
+from fedagg.config.schema import check_config
+from fedagg.config.settings import Settings
 from fedagg.loop.splits import scaled_rounds
 from fedagg.results.groups import GROUPS, RECORDED_CHOICES
 

@@ -18,7 +18,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from fedagg.loop import interrupts, threads
+from fedagg.runtime import interrupts, threads
 from fedagg.tracking.files import write_json
 
 LEDGER, LEDGER_ENV = ".jobs", "FEDAGG_SWEEP_LEDGER"  # each job's outcome, for the sweep's summary (SweepSummary)

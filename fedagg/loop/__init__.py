@@ -1,1 +1,1 @@
-"""The round loop and its companions: assembly, the inputs provider, checkpoints, interrupts, progress, diagnostics."""
+"""The round: its two phases (`RoundLoop.begin`/`end`), the drivers that run them, assembly, the inputs provider, diagnostics."""

@@ -27,7 +27,7 @@ from fedagg.data.partition_report import partition_stats
 from fedagg.data.seeding import generator
 from fedagg.engines.base import Engine
 from fedagg.loop.inputs import check_needs
-from fedagg.loop.settings import Settings
+from fedagg.config.settings import Settings
 from fedagg.loop.splits import build_model, hold_out_server_split, make_clients, shrink
 from fedagg.models.base import Backbone
 from fedagg.system.base import System

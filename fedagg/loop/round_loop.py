@@ -18,14 +18,14 @@ from torch import Tensor
 from fedagg.aggregators.base import sample_weights
 from fedagg.engines.base import RoundJob, RoundResult
 from fedagg.loop.assembly import Federation
-from fedagg.loop.checkpoints import rng_state, save_atomically, save_checkpoint, set_rng_state
+from fedagg.runtime.checkpoints import rng_state, save_atomically, save_checkpoint, set_rng_state
 from fedagg.loop.communication import BitCounter
 from fedagg.loop.diagnostics import round_diagnostics
 from fedagg.loop.evaluation import evaluate, per_client_accuracy, spread
 from fedagg.loop.inputs import InputsProvider
-from fedagg.loop.interrupts import StoppedNow, StopRequests
-from fedagg.loop.progress import RoundProgress
-from fedagg.loop.settings import Settings, sample_clients, sampling_rate
+from fedagg.runtime.interrupts import StoppedNow, StopRequests
+from fedagg.runtime.progress import RoundProgress
+from fedagg.config.settings import Settings, sample_clients, sampling_rate
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
 from fedagg.tracking.files import CSVLog, clean_number, summary_values, write_json
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from fedagg.clients.trainer import LocalSGD
 from fedagg.engines.base import Engine, RoundJob, RoundResult
 from fedagg.engines.parallel import ParallelEngine
-from fedagg.loop import interrupts
-from fedagg.loop.progress import GroupProgress
+from fedagg.runtime import interrupts
+from fedagg.runtime.progress import GroupProgress
 
 log = logging.getLogger("fedagg")
 _local = threading.local()  # the group and place of the run this thread executes
@@ -35,7 +35,7 @@ class Coordinator:
         self.pending: dict[int, _Slot] = {}
         self.engine: ParallelEngine | None = None
         self.cond = threading.Condition()
-        self.progress = GroupProgress()  # the runs' own loops log lines (fedagg.loop.progress)
+        self.progress = GroupProgress()  # the runs' own loops log lines (fedagg.runtime.progress)
 
     def adopt(self, own: ParallelEngine) -> None:
         """The group's engine: a copy of the first run's before it trained (same options, chunk size unresolved,

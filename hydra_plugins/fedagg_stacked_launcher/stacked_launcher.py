@@ -209,7 +209,7 @@ class StackedLauncher(Launcher):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            from fedagg.loop import interrupts
+            from fedagg.runtime import interrupts
 
             interrupts.stop_all_loops(False)
 
@@ -274,7 +274,7 @@ class StackedLauncher(Launcher):
 
     def _stop(self, signum, frame) -> None:
         from fedagg.edge.sweep import LEDGER_ENV
-        from fedagg.loop import interrupts
+        from fedagg.runtime import interrupts
 
         interrupts.stop_all_loops()
         interrupts.request_stop()

@@ -28,7 +28,7 @@ from omegaconf.errors import ValidationError
 
 from fedagg.config.constraints import check, constraints, typed
 from fedagg.config.names import DISPLAY_NAME, takes_display_name
-from fedagg.loop import threads
+from fedagg.runtime import threads
 
 META_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 READ_BY_SCRIPTS = ("table",)  # a table experiment's layout, read by make_table and plot from summary.json
@@ -65,7 +65,7 @@ class TopLevel:
     deterministic: bool = MISSING
     tf32: bool = MISSING
     experiment_scale: float = MISSING
-    threads: Any = MISSING  # "auto" or a number: checked by fedagg.loop.threads
+    threads: Any = MISSING  # "auto" or a number: checked by fedagg.runtime.threads
     data: DataKeys = field(default_factory=DataKeys)
     eval: EvalKeys = field(default_factory=EvalKeys)
 
