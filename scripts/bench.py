@@ -29,8 +29,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +46,9 @@ from fedagg.engines.sequential import SequentialEngine  # noqa: E402
 from fedagg.loop.assembly import Parts, assemble  # noqa: E402
 from fedagg.config.settings import Settings, sample_clients  # noqa: E402
 from fedagg.loop.splits import build_model  # noqa: E402
+from fedagg.models.cnns import CNNSmall, LeNet  # noqa: E402
 from fedagg.models.flat import get_buffers, get_params  # noqa: E402
+from fedagg.models.resnet_cifar import ResNet20  # noqa: E402
 
 LIMIT_BATCH = 500
 
@@ -57,7 +57,7 @@ LIMIT_BATCH = 500
 class Workload:
     name: str
     dataset: str  # mnist | cifar_random
-    model: str  # conf/model/<name>.yaml
+    model: str  # a key of MODELS
     num_clients: int
     per_round: int
     partition: str  # iid | dirichlet
@@ -71,6 +71,11 @@ WORKLOADS = {
     "cross_silo": Workload("cross_silo", "mnist", "lenet", 10, 10, "dirichlet", 64),
     "cifar_resnet20": Workload("cifar_resnet20", "cifar_random", "resnet20", 20, 20, "dirichlet", 128),  # --cifar-samples
 }
+# The objects are built in Python, as a notebook would (no YAML: only fedagg's edge composes configurations);
+# each is what conf/model/<name>.yaml and conf/dataset/<name>.yaml give, and tests/test_bench_script.py checks that.
+MODELS = {"cnn_small": partial(CNNSmall, hidden=50), "lenet": LeNet, "resnet20": partial(ResNet20, shortcut="A")}
+NORMALISATION = {"mnist": dict(mean=[0.1307], std=[0.3081], augment=False),
+                 "cifar10": dict(mean=[0.4914, 0.4822, 0.4465], std=[0.247, 0.2435, 0.2616], augment=True)}
 QUICK = {
     "cross_device": dict(num_clients=200, per_round=20),
     "cross_silo": dict(per_round=4, max_samples=12_000),
@@ -80,16 +85,15 @@ QUICK = {
 
 def load_bundle(w: Workload, data_root: Path) -> DatasetBundle:
     if w.dataset == "mnist":
-        yaml = OmegaConf.load(ROOT / "conf" / "dataset" / "mnist.yaml")
-        bundle = mnist(str(data_root), mean=list(yaml.mean), std=list(yaml.std), augment=bool(yaml.augment))
+        bundle = mnist(str(data_root), **NORMALISATION["mnist"])
         if w.max_samples is not None:
             bundle.train_x, bundle.train_y = bundle.train_x[: w.max_samples], bundle.train_y[: w.max_samples]
         return bundle
-    yaml = OmegaConf.load(ROOT / "conf" / "dataset" / "cifar10.yaml")
+    norm = NORMALISATION["cifar10"]
     g = torch.Generator().manual_seed(0)
     n = w.max_samples or 50_000
     return DatasetBundle(
-        name="cifar10_random", num_classes=10, mean=tuple(yaml.mean), std=tuple(yaml.std), augment=bool(yaml.augment),
+        name="cifar10_random", num_classes=10, mean=tuple(norm["mean"]), std=tuple(norm["std"]), augment=norm["augment"],
         train_x=torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g),
         train_y=torch.randint(0, 10, (n,), generator=g),
         test_x=torch.zeros(1, 3, 32, 32, dtype=torch.uint8), test_y=torch.zeros(1, dtype=torch.long),
@@ -210,7 +214,7 @@ def run_workload(w: Workload, args, device: torch.device, peak_flops: float) -> 
         split = partial(iid, samples_per_client=w.samples_per_client)
     else:
         split = partial(dirichlet, alpha=0.5)
-    factory = instantiate(OmegaConf.load(ROOT / "conf" / "model" / f"{w.model}.yaml"))
+    factory = MODELS[w.model]
     settings = Settings(seed=0, rounds=args.rounds + 1, num_clients=w.num_clients, clients_per_round=w.per_round)
     trainer_kw = dict(lr=0.05, momentum=0.0, local_epochs=1, batch_size=w.batch_size)
     engines = {
