@@ -36,6 +36,7 @@ from fedagg.results import checks, comparison, derived, integrity, render
 from fedagg.results.groups import RECORDED_CHOICES
 from fedagg.results.paper import load_paper, paper_cell, read_paper  # noqa: F401  (read_paper: used by tests)
 from fedagg.results.runs import ResultsError, read_runs
+from fedagg.results.paired import paired_section
 from fedagg.results.values import CROSS, DASH, fmt, key_text, label, lookup, measure, number  # noqa: F401  (the table's API)
 
 
@@ -225,8 +226,6 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
     grid_block, records, extra, layout = build(runs, spec, measured_only=measured_only)
     paired = []
     if baseline:
-        from fedagg.results.paired import paired_section  # it builds on this module's cells
-
         paired, per_cell = paired_section(layout, spec, baseline, folder)
         for record in records:
             diff = per_cell.get(tuple(record[k] for k in [*spec["rows"], *spec["columns"]]))
