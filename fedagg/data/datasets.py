@@ -10,8 +10,10 @@ files there.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,9 +128,10 @@ def _tv():
     return datasets
 
 
-def _torchvision_how(cls: type, folder: Path) -> str:
+def _torchvision_how(cls: type | str, folder: Path) -> str:
+    named = cls if isinstance(cls, str) else cls.__name__
     return (
-        f"on a machine with network run python -c \"import torchvision; torchvision.datasets.{cls.__name__}"
+        f"on a machine with network run python -c \"import torchvision; torchvision.datasets.{named}"
         f"('DIR', download=True)\" and copy DIR/{folder.name} to {folder} "
         f"(or set data.root to a folder that holds {folder.name}/)"
     )
@@ -195,22 +198,55 @@ def _save_digits(t: dict, cached: Path) -> None:
 # --- MNIST and Fashion-MNIST (IDX files) ------------------------------------------------
 
 
-def _idx_names(cls: type) -> list[str]:
-    return [os.path.splitext(os.path.basename(url))[0] for url, _ in cls.resources]
+@dataclass(frozen=True)
+class IdxSet:
+    """An IDX dataset as torchvision lays it out (`<folder>/raw/<file>`), read here without torchvision: importing
+    it costs more than a second of start-up (its models import torch's compiler)."""
+
+    folder: str  # MNIST, FashionMNIST: torchvision's class name, which names the folder
+    classes: int = 10
+    files: tuple[str, ...] = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                              "t10k-labels-idx1-ubyte")
 
 
-def _idx_root(cls: type, name: str, root: Path, download: bool) -> Path:
+MNIST_FILES, FASHION_MNIST_FILES = IdxSet("MNIST"), IdxSet("FashionMNIST")
+IDX_TYPES = {0x08: torch.uint8, 0x09: torch.int8, 0x0B: torch.int16, 0x0C: torch.int32, 0x0D: torch.float32,
+             0x0E: torch.float64}
+
+
+def read_idx(path: Path) -> Tensor:
+    """An IDX file's tensor (LeCun's format: two zero bytes, a type code, the number of dimensions, each size as a
+    big-endian int32, then the values big-endian); a file of the wrong length raises ValueError."""
+    raw = path.read_bytes()
+    if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] not in IDX_TYPES:
+        raise ValueError(f"{path} is not an IDX file")
+    dtype, ndim = IDX_TYPES[raw[2]], raw[3]
+    shape = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    start, width = 4 + 4 * ndim, torch.empty((), dtype=dtype).element_size()
+    if len(raw) != start + math.prod(shape) * width:
+        raise ValueError(f"{path} holds {len(raw)} bytes where its header promises {start + math.prod(shape) * width}")
+    values = torch.frombuffer(bytearray(raw[start:]), dtype=dtype) if shape and math.prod(shape) else torch.empty(0, dtype=dtype)
+    if width > 1 and sys.byteorder == "little":
+        values = values.view(torch.uint8).view(-1, width).flip(1).contiguous().view(dtype).view(-1)
+    return values.view(*shape)
+
+
+def _idx_names(cls: IdxSet) -> list[str]:
+    return list(cls.files)
+
+
+def _idx_root(cls: IdxSet, name: str, root: Path, download: bool) -> Path:
     """A folder X with X/<cls>/raw/<extracted IDX files>, as torchvision's reader requires.
 
     Copies often ship only the .gz files (torchvision extracts them on download); these
     are extracted next to themselves, or into the cache when the data folder is read-only.
     A .gz that does not decompress is downloaded again when `download` is on.
     """
-    raw = root / cls.__name__ / "raw"
+    raw = root / cls.folder / "raw"
     names = _idx_names(cls)
     expected = [f"{n} (or {n}.gz)" for n in names]
     missing = lambda: [n for n in names if not (raw / n).is_file() and not (raw / f"{n}.gz").is_file()]  # noqa: E731
-    how = _torchvision_how(cls, root / cls.__name__)
+    how = _torchvision_how(cls.folder, root / cls.folder)
     if download and missing():
         fetch(name, root, how, lambda: not missing())
     if missing():
@@ -218,7 +254,7 @@ def _idx_root(cls: type, name: str, root: Path, download: bool) -> Path:
     if all(extracted(raw / n, raw / f"{n}.gz") for n in names):
         return root
 
-    target = raw if writable(raw) else cache_folder(f"{cls.__name__}/raw")
+    target = raw if writable(raw) else cache_folder(f"{cls.folder}/raw")
     for n in names:
         gz = raw / f"{n}.gz"
         if extracted(target / n, gz):
@@ -235,20 +271,21 @@ def _idx_root(cls: type, name: str, root: Path, download: bool) -> Path:
     return target.parent.parent
 
 
-def _idx_dataset(cls: type, name: str, root: str, mean, std, augment: bool, download: bool) -> DatasetBundle:
+def _idx_dataset(cls: IdxSet, name: str, root: str, mean, std, augment: bool, download: bool) -> DatasetBundle:
     base = _idx_root(cls, name, data_root(root), download)
+    raw = base / cls.folder / "raw"
     try:
-        train, test = cls(str(base), train=True, download=False), cls(str(base), train=False, download=False)
+        train_x, train_y, test_x, test_y = (read_idx(raw / f) for f in cls.files)
     except Exception:
-        # torchvision's reader on a cut-short or foreign file: name it when its length gives it away
-        damage = idx_damage(base / cls.__name__ / "raw", _idx_names(cls))
+        # a cut-short or foreign file: name it when its length gives it away
+        damage = idx_damage(raw, _idx_names(cls))
         if damage is None:
             raise
         raise DataError(f"{name}: {damage}; replace it (and its .gz) with a good copy "
-                        f"({_torchvision_how(cls, Path(root).expanduser().resolve() / cls.__name__)})") from None
+                        f"({_torchvision_how(cls.folder, Path(root).expanduser().resolve() / cls.folder)})") from None
     return DatasetBundle(
-        name, train.data.unsqueeze(1).contiguous(), train.targets.long(), test.data.unsqueeze(1).contiguous(),
-        test.targets.long(), len(cls.classes), mean, std, augment,
+        name, train_x.unsqueeze(1).contiguous(), train_y.long(), test_x.unsqueeze(1).contiguous(), test_y.long(),
+        cls.classes, mean, std, augment,
     )
 
 
@@ -257,7 +294,7 @@ def mnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bo
           default_model: str | None = None) -> DatasetBundle:
     """MNIST 1x28x28 from `root/MNIST/raw/` (torchvision's layout, plain or .gz IDX files)."""
     del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
-    return _idx_dataset(_tv().MNIST, "mnist", root, mean, std, augment, download)
+    return _idx_dataset(MNIST_FILES, "mnist", root, mean, std, augment, download)
 
 
 def fmnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: bool = False,
@@ -265,7 +302,7 @@ def fmnist(root: str, *, mean: Sequence[float], std: Sequence[float], augment: b
            default_model: str | None = None) -> DatasetBundle:
     """Fashion-MNIST 1x28x28 from `root/FashionMNIST/raw/` (plain or .gz IDX files)."""
     del default_model  # the backbone fedagg.run trains when no model is chosen; nothing to load
-    return _idx_dataset(_tv().FashionMNIST, "fmnist", root, mean, std, augment, download)
+    return _idx_dataset(FASHION_MNIST_FILES, "fmnist", root, mean, std, augment, download)
 
 
 # --- CIFAR (pickled batches) --------------------------------------------------------------

@@ -23,7 +23,6 @@ from hydra.errors import HydraException
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from fedagg.compare import study as studies
 from fedagg.edge.compare_keys import CompareSweeperConf, protocol_keys  # noqa: F401  (protocol_keys: the API)
 from fedagg.compare.protocol import Protocol, make_protocol, read_rows, score, select, selection_csv, write_atomically
 from fedagg.compare.space import grid, grid_default, search_space
@@ -36,6 +35,14 @@ LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher", "StackedLauncher")  # jobs
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="fedagg_compare", node=CompareSweeperConf, provider="fedagg")
+
+
+def _studies():
+    """fedagg.compare.study, imported when a comparison runs: it brings Optuna and SciPy (most of a second), and
+    Hydra imports every plugin at each start, a plain run's too."""
+    from fedagg.compare import study
+
+    return study
 
 
 def _plain(value):
@@ -163,13 +170,13 @@ class CompareSweeper(Sweeper):
         """Waves of trials, `batch` per method, until every method has its `budget`; False when a trial did not
         finish (interrupted or failed): it stays open and the same command continues it."""
         db = folder / "tuning.db"
-        opened = {m: studies.open_study(db, m) for m in protocol.methods}
+        opened = {m: _studies().open_study(db, m) for m in protocol.methods}
         while True:
             wave = []  # (method, trial number, values, run folders)
             for m in protocol.methods:
                 space = methods[m]["space"]
                 budget = protocol.budget if space else 1  # nothing to tune: more trials would repeat this one
-                for number, values in studies.next_trials(opened[m], space, budget, protocol.batch, protocol.sampler_seed):
+                for number, values in _studies().next_trials(opened[m], space, budget, protocol.batch, protocol.sampler_seed):
                     subdirs = [f"tune/{m}/t{number:03d}/s{s}" for s in protocol.tune_seeds]
                     wave.append((m, number, values, subdirs))
             if not wave:
@@ -183,7 +190,7 @@ class CompareSweeper(Sweeper):
                 scores = [self.trial_score(folder / sub) for sub in subdirs]
                 if any(s is None for s in scores):
                     return False
-                studies.tell(opened[m], number, sum(scores) / len(scores))
+                _studies().tell(opened[m], number, sum(scores) / len(scores))
 
     @staticmethod
     def trial_score(run_dir: Path) -> float | None:
@@ -201,7 +208,7 @@ class CompareSweeper(Sweeper):
     def write_selection(self, protocol: Protocol, folder: Path) -> dict:
         rows, chosen = [], {}
         for m in protocol.methods:
-            trials = studies.finished(studies.open_study(folder / "tuning.db", m))
+            trials = _studies().finished(_studies().open_study(folder / "tuning.db", m))
             chosen[m] = select(trials)
             rows += [{"method": m, **t, "chosen": t is chosen[m]} for t in trials]
         write_atomically(folder / "selection.csv", selection_csv(rows))
@@ -214,13 +221,13 @@ def _plan(name: str, method: dict, protocol: Protocol) -> list[str]:
     lines = [f"{name}: {p.key}={p.default} is fixed by the command line, not tuned" for p in fixed]
     if not space:
         return lines + [f"{name}: nothing left to tune: one trial, not budget={budget} identical ones"]
-    if studies.on_grid(space):
+    if _studies().on_grid(space):
         p = space[0]
         why = grid_default(p)
         where = f"through its default {p.default}" if why is None else f"not through its default: {why}"
         values = ", ".join(f"{v:g}" for v in grid(p, budget))
         return lines + [f"{name}: {p.key} on a grid of {budget} point(s) {where}: {values}"]
-    size = studies.design_size(budget)
+    size = _studies().design_size(budget)
     then = f", then {budget - size} by TPE" if budget > size else ""
     return lines + [f"{name}: {size} trial(s) from a Sobol design over {', '.join(p.key for p in space)} "
                     f"(sampler_seed={protocol.sampler_seed}){then}"]
