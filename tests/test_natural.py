@@ -191,3 +191,20 @@ def test_lstm_round_in_the_parallel_engine_matches_the_sequential_one():
         torch.testing.assert_close(p.train_loss, s.train_loss, rtol=TOL, atol=TOL)
         torch.testing.assert_close(p.val_acc, s.val_acc)
         assert ((s.val_acc * 30) - (s.val_acc * 30).round()).abs().max() < 1e-4  # a share of 3 x 10 positions
+
+
+def test_synthetic_device_sizes_for_many_small_clients():
+    """size_mean=0 size_sigma=0: floor(lognormal(0, 0)) = 1, so every device holds min_size + 1 samples."""
+    b = synthetic.synthetic(num_devices=50, size_mean=0.0, size_sigma=0.0, min_size=9)
+    assert torch.bincount(b.train_owner).tolist() == [9] * 50 and torch.bincount(b.test_owner).tolist() == [1] * 50
+    assert synthetic.synthetic(num_devices=3, min_size=2, size_mean=0.0, size_sigma=0.0).train_y.numel() == 6
+    default = synthetic.synthetic(num_devices=4, seed=1)
+    explicit = synthetic.synthetic(num_devices=4, seed=1, size_mean=4.0, size_sigma=2.0, min_size=50)
+    assert torch.equal(default.train_x, explicit.train_x)  # the defaults are FedProx's sizes
+
+
+@pytest.mark.parametrize("key,value,allowed", [("min_size", 1, "integer >= 2"), ("size_mean", -1.0, "in \\[0, 20\\]"),
+                                               ("size_sigma", 21, "in \\[0, 20\\]"), ("min_size", 2.5, "integer >= 2")])
+def test_synthetic_size_keys_refused_in_one_line(key, value, allowed):
+    with pytest.raises(ValueError, match=f"dataset.{key}=.* is not allowed; it must be .*{allowed}"):
+        synthetic.synthetic(num_devices=3, **{key: value})

@@ -68,7 +68,8 @@ def _check(key: str, ok: bool, value, allowed: str) -> None:
 
 
 def synthetic(root: str | None = None, *, alpha: float = 1.0, beta: float = 1.0, iid: bool = False,
-              num_devices: int = 30, train_frac: float = 0.9, seed: int = 0, download: bool = False,
+              num_devices: int = 30, train_frac: float = 0.9, seed: int = 0, size_mean: float = 4.0,
+              size_sigma: float = 2.0, min_size: int = 50, download: bool = False,
               default_model: str | None = None) -> DatasetBundle:
     """Synthetic(α, β) as 60-feature vectors ([N, 60, 1, 1]: `mlr`'s and `mlp`'s input), 10 classes, with each
     device a natural client (`partition=natural`); `root` and `download` are unused."""
@@ -80,7 +81,13 @@ def synthetic(root: str | None = None, *, alpha: float = 1.0, beta: float = 1.0,
            num_devices, "it must be an integer >= 1")
     _check("train_frac", isinstance(train_frac, (int, float)) and 0 < train_frac < 1, train_frac,
            "it must be a fraction in (0, 1)")
-    devices = generate(num_devices, float(alpha), float(beta), bool(iid), int(seed))
+    for key, value in (("size_mean", size_mean), ("size_sigma", size_sigma)):
+        _check(key, isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 20, value,
+               "it must be a number in [0, 20] (of the log of a device's sample count)")
+    _check("min_size", isinstance(min_size, int) and not isinstance(min_size, bool) and min_size >= 2, min_size,
+           "it must be an integer >= 2 (each device keeps one sample for training and one for testing)")
+    devices = generate(num_devices, float(alpha), float(beta), bool(iid), int(seed), float(size_mean),
+                       float(size_sigma), int(min_size))
     rng = np.random.default_rng(stream_seed(seed, "synthetic_split"))
     parts = {"train": ([], [], []), "test": ([], [], [])}
     for k, (x, y) in enumerate(zip(devices.x, devices.y)):
