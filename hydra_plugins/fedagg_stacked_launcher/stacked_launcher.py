@@ -182,9 +182,11 @@ class _Job:
         self.handlers: list[logging.Handler] = []
         self.prepared = None  # fedagg.run.Prepared
 
-    @property
-    def num(self) -> int:
-        return self.config.hydra.job.num
+    def close_logs(self) -> None:
+        for handler in self.handlers:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+        self.handlers = []
 
 
 class StackedLauncher(Launcher):
@@ -274,11 +276,15 @@ class StackedLauncher(Launcher):
                 try:
                     with stop.writing(last=True):  # a second Ctrl-C stops the group once this is written
                         self._open(job)
-                    with serving(job):
-                        outcome = self._prepare(job)
-                except BaseException as err:  # a callback's error, as Hydra's run_job lets it through
+                except Exception as err:  # a callback's error, as Hydra's run_job lets it through
+                    job.close_logs()
                     returns[positions[place]] = JobReturn(status=JobStatus.FAILED, _return_value=err)
                     continue
+                try:
+                    with serving(job):
+                        outcome = self._prepare(job)
+                except KeyboardInterrupt:  # a second Ctrl-C, outside the run's own setup
+                    outcome = {"status": "interrupted"}
                 if outcome is not None:
                     self._close(job, outcome, stop)
                     returns[positions[place]] = job.ret
@@ -349,10 +355,10 @@ class StackedLauncher(Launcher):
         HydraConfig.instance().set_config(job.config)  # experiment files read hydra:runtime.choices
         if self.stopping or SweepSummary.stopping():
             return {"status": "not started"}  # the sweep was stopped before this job began
-        run_dir, choices, overrides, at_once = run.job_of(HydraConfig.get())
-        resume = job.ret.cfg.get("resume") is True
+        run_dir, resume = job.config.hydra.runtime.output_dir, job.ret.cfg.get("resume") is True
         with env_override(job.ret.hydra_cfg.hydra.job.env_set):
             try:
+                run_dir, choices, overrides, at_once = run.job_of(HydraConfig.get())
                 job.prepared = run.prepare(job.ret.cfg, run_dir, choices, overrides, at_once)
             except (KeyboardInterrupt, Exception) as err:  # in a sweep the others go on
                 return run.job_outcome(run_dir, resume, error=err)
@@ -369,11 +375,14 @@ class StackedLauncher(Launcher):
         with stop.writing(last=True), serving(job):  # a second Ctrl-C stops the others once the job has ended
             HydraConfig.instance().set_config(job.config)
             if job.prepared is not None and job.prepared.loop is not None:
-                if isinstance(outcome, BaseException):
-                    job.prepared.close()
-                    outcome = run.job_outcome(run_dir, resume, error=outcome)
-                else:
-                    outcome = run.job_outcome(run_dir, resume, summary=job.prepared.finished(outcome))
+                try:
+                    if isinstance(outcome, BaseException):
+                        job.prepared.close()
+                        outcome = run.job_outcome(run_dir, resume, error=outcome)
+                    else:
+                        outcome = run.job_outcome(run_dir, resume, summary=job.prepared.finished(outcome))
+                except Exception as err:  # closing it failed (its tracker): the job failed, the others go on
+                    outcome = run.job_outcome(run_dir, resume, error=err)
             job.ret.return_value, job.ret.status = outcome, JobStatus.COMPLETED
             job.ret.task_name = JobRuntime.instance().get("name")
             _flush_loggers()
@@ -382,9 +391,7 @@ class StackedLauncher(Launcher):
             except Exception as err:  # as Hydra's run_job lets it through: the job failed
                 job.ret.return_value, job.ret.status = err, JobStatus.FAILED
             finally:
-                for handler in job.handlers:
-                    logging.getLogger().removeHandler(handler)
-                    handler.close()
+                job.close_logs()
 
     def _stop(self, signum, frame) -> None:
         from fedagg.edge.sweep import LEDGER_ENV
