@@ -8,6 +8,7 @@ module and `fedagg/edge` (command-line messages, the sweep's callback, the check
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -36,10 +37,10 @@ from fedagg.runtime.checkpoints import load_checkpoint
 from fedagg.runtime import interrupts, threads
 from fedagg.runtime.folder import RunFolder, clear_run, held_run, held_sweep
 from fedagg.runtime.numerics import numerics
-from fedagg.loop.round_loop import run_federation
+from fedagg.loop.drivers import run_alone
+from fedagg.loop.round_loop import RoundLoop, federation_loop
 from fedagg.config.names import DISPLAY_NAME
 from fedagg.data.device import resolve_device
-from fedagg import stacking
 from fedagg.results.groups import GROUPS, RECORDED_CHOICES, method_name_of, method_of  # noqa: F401  (GROUPS: the API)
 from fedagg.tracking.files import write_json
 
@@ -62,26 +63,67 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
     return keys
 
 
+class Prepared:
+    """A run ready for its rounds (`loop`), with what stays open until it ends: the folder's lock, torch's numeric
+    switches, the tracker, the partition picture being drawn. `summary` instead of a loop: resume=true found the
+    run completed. `close()` (or the end of a `with` block) lets go of them, in the reverse order."""
+
+    def __init__(self, run_dir: Path, stack: contextlib.ExitStack, loop: RoundLoop | None = None,
+                 summary: dict | None = None) -> None:
+        self.run_dir, self.stack, self.loop, self.summary = run_dir, stack, loop, summary
+
+    def close(self) -> None:
+        self.stack.close()
+
+    def __enter__(self) -> "Prepared":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def finished(self, summary: dict) -> dict:
+        """Close, and say in one line how the run ended."""
+        self.close()
+        report(summary, self.run_dir)
+        return summary
+
+
 def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, overrides: list[str] | None = None,
           concurrent_jobs: int = 1) -> dict:
     """Run (or resume) one experiment described by a composed config; write its files to run_dir, which no
     other run may use meanwhile. `concurrent_jobs`: how many jobs a launcher runs at once on this machine."""
+    run = prepare(cfg, run_dir, choices, overrides, concurrent_jobs)
+    with run:
+        if run.loop is None:
+            return run.summary
+        summary = run_alone(run.loop)
+    return run.finished(summary)
+
+
+def prepare(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, overrides: list[str] | None = None,
+            concurrent_jobs: int = 1) -> Prepared:
+    """Everything `train` does before the first round: the run's loop, its folder held until `Prepared.close`."""
     run_dir = Path(run_dir)
+    stack = contextlib.ExitStack()
     try:
         folder = RunFolder(run_dir).acquire()
     except ValueError as err:
         raise SetupError(str(err)) from None
+    stack.callback(folder.release)
     try:
-        return _train(cfg, run_dir, choices or {}, overrides or [], concurrent_jobs)
+        return _prepare_run(cfg, run_dir, choices or {}, overrides or [], concurrent_jobs, stack)
     except SetupError as err:  # a number in the message as the user typed it (1e300, not 1e+300)
+        stack.close()
         if (words := in_user_words(str(err), overrides or [])) != str(err):
             raise type(err)(words) from err
         raise
-    finally:
-        folder.release()
+    except BaseException:
+        stack.close()
+        raise
 
 
-def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], concurrent_jobs: int) -> dict:
+def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], concurrent_jobs: int,
+                 stack: contextlib.ExitStack) -> Prepared:
     try:
         choices = dict(choices)  # the caller's stays as given
         if (channel := channel_choice(overrides)) is not None:
@@ -113,40 +155,42 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
             raise FolderHeld(f"resume=true but {run_dir} holds a completed run whose configuration differs in "
                              f"{', '.join(changed)}; nothing there was changed: use a new hydra.run.dir")
         log.info("%s already completed; skipping it (resume=true)", run_dir)
-        return previous
-    with numerics(cfg.deterministic is True, cfg.tf32 is True):  # the values are checked in _prepare, first thing
-        try:
-            fed, settings, checkpoint = _prepare(cfg, run_dir, choices, config, summary_base, held)
-        except KeyboardInterrupt:
-            log.warning("stopped before the first round: nothing was computed")
-            raise interrupts.StoppedNow from None
-        except Exception as err:
-            if held is None:  # never touch an earlier run's folder
-                write_json(run_dir / "summary.json", dict(summary_base, status="failed",
-                                                          error=f"{type(err).__name__}: {err}",
-                                                          traceback=traceback.format_exc()))
-            if isinstance(err, SetupError):
-                raise
-            if (user_error := user_error_of(err)) is not None:
-                raise SetupError(str(user_error)) from err
+        return Prepared(run_dir, stack, summary=previous)
+    stack.enter_context(numerics(cfg.deterministic is True, cfg.tf32 is True))  # the values are checked in _prepare
+    try:
+        fed, settings, checkpoint = _prepare(cfg, run_dir, choices, config, summary_base, held)
+    except KeyboardInterrupt:
+        log.warning("stopped before the first round: nothing was computed")
+        raise interrupts.StoppedNow from None
+    except Exception as err:
+        if held is None:  # never touch an earlier run's folder
+            write_json(run_dir / "summary.json", dict(summary_base, status="failed",
+                                                      error=f"{type(err).__name__}: {err}",
+                                                      traceback=traceback.format_exc()))
+        if isinstance(err, SetupError):
             raise
-        num_params = sum(p.numel() for p in fed.model.parameters())
-        # the default backbone's reason joins this line, after the setup: a configuration error stays one line;
-        # the training samples are the clients' (experiment_scale shrinks them as it shrinks the test set)
-        log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s%s", fed.data.name,
-                 fed.partition["total"], fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
-                 num_params, summary_base["device"], f" ({model_note})" if model_note else "")
-        for note in [weighting_note, *fed.channel.notes()]:
-            if note:
-                log.info("%s", note)
-        threads.apply(cfg.threads, num_params, concurrent_jobs)
-        fed.tracker.start(run_dir, config, name=run_dir.name)
-        fed.tracker.log_image("partition", run_dir / "partition.png")
-        try:
-            summary = run_federation(fed, settings, run_dir, summary_base, checkpoint)
-        finally:
-            drawn()  # partition.png, drawn while the first rounds ran
-            fed.tracker.finish(_read_summary(run_dir) or {"status": "failed"})
+        if (user_error := user_error_of(err)) is not None:
+            raise SetupError(str(user_error)) from err
+        raise
+    num_params = sum(p.numel() for p in fed.model.parameters())
+    # the default backbone's reason joins this line, after the setup: a configuration error stays one line;
+    # the training samples are the clients' (experiment_scale shrinks them as it shrinks the test set)
+    log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s%s", fed.data.name,
+             fed.partition["total"], fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
+             num_params, summary_base["device"], f" ({model_note})" if model_note else "")
+    for note in [weighting_note, *fed.channel.notes()]:
+        if note:
+            log.info("%s", note)
+    threads.apply(cfg.threads, num_params, concurrent_jobs)
+    fed.tracker.start(run_dir, config, name=run_dir.name)
+    stack.callback(lambda: fed.tracker.finish(_read_summary(run_dir) or {"status": "failed"}))
+    stack.callback(drawn)  # partition.png, drawn while the first rounds ran
+    fed.tracker.log_image("partition", run_dir / "partition.png")
+    return Prepared(run_dir, stack, loop=federation_loop(fed, settings, run_dir, summary_base, checkpoint))
+
+
+def report(summary: dict, run_dir: Path) -> None:
+    """One line: how the run ended."""
     if summary["final_test_acc"] is None and summary.get("final_val_acc") is not None:  # eval.split=val
         log.info("%s: final validation accuracy %.4f after %d rounds (%s)", summary["status"], summary["final_val_acc"],
                  summary["rounds_completed"], run_dir)
@@ -155,7 +199,6 @@ def _train(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[str], 
     else:
         log.info("%s: final test accuracy %.4f after %d rounds (%s)", summary["status"], summary["final_test_acc"],
                  summary["rounds_completed"], run_dir)
-    return summary
 
 
 def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summary_base: dict, held: str | None):
@@ -166,7 +209,6 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     device = resolve_device(cfg.device)
     summary_base["device"] = device.type  # the random streams of a run depend on it
     parts = instantiate_parts(cfg, choices)
-    parts.engine = stacking.engine_for(parts.engine)  # in a stacked sweep's group: rounds trained together
     if held is not None and cfg.overwrite:
         clear_run(run_dir)
         run_log.claim(run_dir, fresh=True)  # the replaced run's log goes with it
@@ -205,45 +247,60 @@ def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:
     return train(cfg, run_dir, choices, list(overrides))
 
 
+def job_of(hydra_cfg) -> tuple[str, dict, list[str], int]:
+    """What `train` takes of a sweep's or a single run's Hydra config: the run's folder, the recorded choices, the
+    overrides as typed, and how many jobs the launcher runs at once."""
+    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in RECORDED_CHOICES}
+    return hydra_cfg.runtime.output_dir, choices, list(hydra_cfg.overrides.task), concurrent_jobs(hydra_cfg)
+
+
+def job_outcome(run_dir: str | Path, resume: bool, summary: dict | None = None,
+                 error: BaseException | None = None) -> dict:
+    """What a sweep's job returns for the sweep's count (SweepSummary), from its summary or what stopped it, after
+    a line saying so: the sweep goes on, and says at its end what failed or was interrupted."""
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C during the setup, or twice
+        if not isinstance(error, interrupts.StoppedNow):  # StoppedNow: the run has said how far it got
+            log.warning("stopped (Ctrl-C)")
+        return {"status": "interrupted"}
+    if isinstance(error, SetupError):  # a user error, not a bug: the message alone, without a traceback
+        log.error("%s", error)
+        return {"status": "failed", "error": str(error), "folder_held": isinstance(error, FolderHeld)}
+    if error is not None:  # the traceback is in the job's summary.json, the count at the sweep's end
+        log.error("job failed: %s: %s (traceback in %s)", type(error).__name__, error, Path(run_dir) / "summary.json")
+        return {"status": "failed", "error": f"{type(error).__name__}: {error}"}
+    if summary["status"] == "interrupted":
+        log.warning("interrupted after round %d; %s continues from its checkpoint", summary["rounds_completed"],
+                    "the same command" if resume else "resume=true with the same settings")
+    return {"status": summary["status"]}
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.RUN and not str(hydra_cfg.run.dir).strip():
         log.error("hydra.run.dir='' is not allowed: every result file would land in the current folder; give a folder")
         sys.exit(2)
-    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in RECORDED_CHOICES}
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    if multirun and SweepSummary.stopping():
-        return {"status": "not started"}  # the sweep was stopped before this job began
+    run_dir, choices, overrides, at_once = job_of(hydra_cfg)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        if SweepSummary.stopping():
+            return {"status": "not started"}  # the sweep was stopped before this job began
+        try:
+            return job_outcome(run_dir, cfg.resume, summary=train(cfg, run_dir, choices, overrides, at_once))
+        except (KeyboardInterrupt, Exception) as err:  # in a sweep the others go on
+            return job_outcome(run_dir, cfg.resume, error=err)
     try:
-        summary = train(cfg, hydra_cfg.runtime.output_dir, choices, list(hydra_cfg.overrides.task),
-                        concurrent_jobs(hydra_cfg))
+        summary = train(cfg, run_dir, choices, overrides, at_once)
     except KeyboardInterrupt as err:  # Ctrl-C during the setup, or twice
-        if not isinstance(err, interrupts.StoppedNow):  # StoppedNow: the run has said how far it got
-            log.warning("stopped (Ctrl-C)")
-        if multirun:
-            return {"status": "interrupted"}
+        job_outcome(run_dir, cfg.resume, error=err)
         sys.exit(130)
     except SetupError as err:
-        # a user error, not a bug: the message alone, without a traceback
         log.error("%s", err)
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            # counted at the sweep's end; the sweep goes on
-            return {"status": "failed", "error": str(err), "folder_held": isinstance(err, FolderHeld)}
         sys.exit(2)
-    except Exception as err:
-        if hydra_cfg.mode != RunMode.MULTIRUN:
-            raise  # a single run shows where it broke
-        # in a sweep the others go on; the traceback is in the job's summary.json, the count at the sweep's end
-        log.error("job failed: %s: %s (traceback in %s)", type(err).__name__, err,
-                  Path(hydra_cfg.runtime.output_dir) / "summary.json")
-        return {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+    # any other error: a single run shows where it broke
     if summary["status"] == "interrupted":
-        log.warning("interrupted after round %d; %s continues from its checkpoint", summary["rounds_completed"],
-                    "the same command" if cfg.resume else "resume=true with the same settings")
-        if not multirun:
-            sys.exit(130)  # the shell's code for an interrupt; a sweep says it at its end
-    return {"status": summary["status"]}  # for the sweep's count (SweepSummary)
+        job_outcome(run_dir, cfg.resume, summary=summary)
+        sys.exit(130)  # the shell's code for an interrupt; a sweep says it at its end
+    return {"status": summary["status"]}
 
 
 if __name__ == "__main__":

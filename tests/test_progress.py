@@ -44,25 +44,17 @@ def test_on_a_terminal_a_bar_is_drawn_and_nothing_is_logged(caplog):
     assert "2/2" in stream.getvalue() and "acc=0.75" in stream.getvalue()
 
 
-def test_a_round_loop_in_a_thread_logs_lines_even_on_a_terminal(caplog):
-    """A stacked group's runs each loop in a thread: a bar each would stack one terminal line per run; they log
-    lines, and their group draws one bar of the rounds it trains."""
-    import threading
-
+def test_round_loops_run_in_step_log_lines_even_on_a_terminal_and_their_group_draws_one_bar(caplog):
+    """A stacked group's loops run in step (fedagg.loop.drivers.run_in_step): a bar each would stack one terminal
+    line per run; they log lines, and their group draws one bar of the rounds it trains."""
     from fedagg.runtime.progress import GroupProgress
 
     caplog.set_level(logging.INFO, logger="fedagg")
     stream = Terminal()
-
-    def loop():
-        progress = RoundProgress(first=1, total=2, log_interval_s=0, stream=stream)
-        progress.update(1, test_acc=0.25, train_loss=1.0)
-        progress.update(2, test_acc=0.75, train_loss=0.5)
-        progress.close()
-
-    thread = threading.Thread(target=loop)
-    thread.start()
-    thread.join()
+    progress = RoundProgress(first=1, total=2, log_interval_s=0, stream=stream, bar=False)
+    progress.update(1, test_acc=0.25, train_loss=1.0)
+    progress.update(2, test_acc=0.75, train_loss=0.5)
+    progress.close()
     assert _logged_rounds(caplog) == ["1/2", "2/2"] and stream.getvalue() == ""
     group = GroupProgress(stream=stream)
     for runs in (3, 3, 2):

@@ -95,6 +95,39 @@ def test_a_killed_stacked_sweep_finishes_with_the_same_files(alone, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_ctrl_c_stops_every_job_after_its_round_and_the_same_command_finishes_them(alone, tmp_path):
+    """One Ctrl-C: each job of the group stops after its round with a checkpoint (`status: interrupted`), the sweep
+    exits 130; the same command continues them to the files of the jobs run alone. What Hydra's run_job did for a
+    job the launcher does for the group's: each job's log lines in its own run.log, its .hydra/ files."""
+    proc = sweep(tmp_path, "hydra.output_subdir=.hydra", wait=False)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:  # once some job has a checkpoint, none is done
+        if any((tmp_path / str(j) / "checkpoint.pt").exists() for j in range(6)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stdout.read()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out
+    assert "SIGINT received: stopping the sweep" in out and "6 interrupted" in out, out
+    for j in range(6):
+        folder = tmp_path / str(j)
+        s = summary(folder / "summary.json")
+        assert s["status"] == "interrupted" and 1 <= s["rounds_completed"] < 4, s
+        assert (folder / "checkpoint.pt").exists()
+        log = (folder / "run.log").read_text()
+        assert f"interrupted: final test accuracy" in log and f"({folder})" in log
+        assert not any(f"({tmp_path / str(k)})" in log for k in range(6) if k != j), log  # its own lines only
+        assert sorted(p.name for p in (folder / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+        assert f"seed={j % 3}" in (folder / ".hydra" / "overrides.yaml").read_text()
+    done = sweep(tmp_path, "hydra.output_subdir=.hydra")  # the same command
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6 completed" in done.stdout + done.stderr
+    for job in range(6):
+        assert_same_job(tmp_path / str(job), alone / str(job))
+
+
+@pytest.mark.slow
 def test_a_failing_and_a_diverging_job_leave_the_others_completed(tmp_path):
     cmd = [sys.executable, "-m", "fedagg.run", "-m", "engine=parallel", "rounds=3", "device=cpu",
            "client.lr=0.05,-1,1e30", "seed=0,1", "hydra/launcher=stacked", f"hydra.sweep.dir={tmp_path}"]

@@ -9,7 +9,6 @@ path (DESIGN principle 6).
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Iterator
 
@@ -34,23 +33,21 @@ def resolve_device(name: str) -> torch.device:
 
 
 _held: list[weakref.ref] = []  # the data tensors the process's runs hold on their devices
-_held_lock = threading.Lock()
 
 
 def shared(t: Tensor) -> Tensor:
     """`t`, or an equal tensor a run of this process already holds on the same device. The runs of a stacked
-    sweep (fedagg/stacking) so keep one copy of a dataset, and the parallel engine serves all their batches
-    of a step with one gather. Data tensors are never written in place: a run that changes its data (a label
-    attack, feature noise, a test subset) makes a new tensor of its own."""
-    with _held_lock:
-        _held[:] = [ref for ref in _held if ref() is not None]
-        for ref in _held:
-            other = ref()
-            if (other is not None and other.shape == t.shape and other.dtype == t.dtype and other.device == t.device
-                    and torch.equal(other, t)):
-                return other
-        _held.append(weakref.ref(t))
-        return t
+    sweep (fedagg.loop.drivers.run_in_step) so keep one copy of a dataset, and the parallel engine serves all
+    their batches of a step with one gather. Data tensors are never written in place: a run that changes its data
+    (a label attack, feature noise, a test subset) makes a new tensor of its own."""
+    _held[:] = [ref for ref in _held if ref() is not None]
+    for ref in _held:
+        other = ref()
+        if (other is not None and other.shape == t.shape and other.dtype == t.dtype and other.device == t.device
+                and torch.equal(other, t)):
+            return other
+    _held.append(weakref.ref(t))
+    return t
 
 
 def inputs_key(data) -> tuple:

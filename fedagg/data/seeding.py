@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import threading
 from typing import Iterator
 
 import torch
@@ -31,11 +30,6 @@ def generator(seed: int, stream: str, *keys: int, device: str | torch.device = "
     return g
 
 
-# torch's global generators are one per process, and the runs of a stacked sweep share the process (each builds its
-# model in a thread of its own, where a run the group cannot take also trains): one block at a time holds them
-_GLOBAL = threading.RLock()
-
-
 @contextlib.contextmanager
 def global_rng(seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
     """Within: torch's global CPU generator, and `device`'s when it is a GPU, seeded with `seed`; after: as before.
@@ -44,7 +38,7 @@ def global_rng(seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
     rounds before a resume)."""
     device = torch.device(device)
     gpu = [device] if device.type == "cuda" else []
-    with _GLOBAL, torch.random.fork_rng(devices=gpu):
+    with torch.random.fork_rng(devices=gpu):
         torch.default_generator.manual_seed(seed)  # torch.manual_seed would reseed every GPU
         if gpu:
             torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]\

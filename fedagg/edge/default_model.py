@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import threading
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -23,15 +22,13 @@ from omegaconf import DictConfig, open_dict
 from fedagg.edge import CONF
 
 KEY = "default_model"  # the key a dataset YAML names its backbone with
-_composing = threading.Lock()  # the jobs of a stacked sweep start in threads at once: one composes, the others wait
 
 
 def _model_node(name: str) -> DictConfig:
     # inside a Hydra app (the command line) its own config search path, user folders included
     hydra = GlobalHydra.instance()
     search_path = str(hydra.hydra.config_loader.get_search_path()) if hydra.is_initialized() else None
-    with _composing:
-        return copy.deepcopy(_composed_model_node(name, search_path))
+    return copy.deepcopy(_composed_model_node(name, search_path))
 
 
 @functools.lru_cache(maxsize=None)

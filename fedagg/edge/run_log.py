@@ -11,12 +11,10 @@ it, and a refused run never opens it (its lines still reach the console).
 from __future__ import annotations
 
 import logging
-import threading
 import weakref
 from pathlib import Path
 
 _handlers: weakref.WeakSet = weakref.WeakSet()
-_registry = threading.Lock()
 
 
 class RunLog(logging.Handler):
@@ -25,8 +23,7 @@ class RunLog(logging.Handler):
         self.path, self.encoding = Path(filename), encoding
         self.held: list[logging.LogRecord] | None = []  # None once the file is open, or the handler closed
         self.stream = None
-        with _registry:
-            _handlers.add(self)
+        _handlers.add(self)
 
     def emit(self, record: logging.LogRecord) -> None:  # under self.lock (logging.Handler.handle)
         if self.stream is not None:
@@ -63,8 +60,6 @@ class RunLog(logging.Handler):
 def claim(run_dir: str | Path, fresh: bool) -> None:
     """The run owns `run_dir` from now on: its log file there opens (`fresh`: started anew) with the lines so far."""
     run_dir = Path(run_dir).resolve()
-    with _registry:
-        handlers = list(_handlers)
-    for handler in handlers:
+    for handler in list(_handlers):
         if handler.path.parent.resolve() == run_dir:
             handler.claim(fresh)

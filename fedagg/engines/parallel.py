@@ -12,7 +12,7 @@ same the sequential engine runs one client at a time, so for the same seed this 
 reproduces `SequentialEngine` to float tolerance (dropout's masks aside): the reference it is
 tested against. A client's arithmetic does not depend on which clients share its call (its
 dropout masks do: the call draws them together), so the runs of a stacked sweep
-(fedagg/stacking) get what each gets alone, bit for bit where the kernels allow (linear
+(fedagg.loop.drivers.run_in_step) get what each gets alone, bit for bit where the kernels allow (linear
 layers; convolutions per client on the CPU's large batches). Runs on one
 dataset share its tensors, so a step's batches of all of them come from one gather, and a
 step over several runs' clients takes their rows of the chunk's stacks (views where the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Annotated, Callable, Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor, nn
@@ -151,18 +151,17 @@ class ParallelEngine(Engine):
         """Train `job.clients` from the global weights; score each on `job.val_indices[k]` when given."""
         return self.train_rounds([job])[0]
 
-    def train_rounds(self, jobs: list[RoundJob], stop: Callable[[], bool] | None = None) -> list[RoundResult]:
-        """A round of several runs at once (a stacked sweep, fedagg/stacking): models of one structure, each
-        run with its own global weights, clients, data, trainer and learning rate. Every client's local
-        training is its own computation, so each result is what `train_round(job)` gives that job alone.
-        `stop`: asked before every step; true raises KeyboardInterrupt (a second Ctrl-C)."""
+    def train_rounds(self, jobs: list[RoundJob]) -> list[RoundResult]:
+        """A round of several runs at once (a stacked sweep: fedagg.loop.drivers.run_in_step): models of one
+        structure, each run with its own global weights, clients, data, trainer and learning rate. Every client's
+        local training is its own computation, so each result is what `train_round(job)` gives that job alone."""
         # what the model draws from torch's global generator (dropout's masks, for every client at once) comes from
         # a stream of the first run's seed and the round: a run's seed determines it, whatever ran before
         with global_rng(stream_seed(jobs[0].seed, "stacked_training_draws", jobs[0].round, len(jobs)),
                         jobs[0].global_params.device):
-            return self._train_rounds(jobs, stop)
+            return self._train_rounds(jobs)
 
-    def _train_rounds(self, jobs: list[RoundJob], stop: Callable[[], bool] | None) -> list[RoundResult]:
+    def _train_rounds(self, jobs: list[RoundJob]) -> list[RoundResult]:
         self._prepare_model(jobs[0].model)
         self._resolve_chunk_size(jobs)
         steps = [job.steps() for job in jobs]
@@ -185,7 +184,7 @@ class ParallelEngine(Engine):
             for j, k in pairs[lo:hi]:
                 members.setdefault(j, []).append(k)
             parts = [Part(jobs[j], idx) for j, idx in sorted(members.items())]
-            self._train_chunk(parts, stop)
+            self._train_chunk(parts)
             for (j, idx), part in zip(sorted(members.items()), parts):
                 res, job = out[j], jobs[j]
                 rows = torch.tensor(idx, device=job.global_params.device)
@@ -200,7 +199,7 @@ class ParallelEngine(Engine):
             res.sensitivity = None if kept[0] is None else torch.stack(kept)
         return out
 
-    def _train_chunk(self, parts: list[Part], stop: Callable[[], bool] | None = None) -> None:
+    def _train_chunk(self, parts: list[Part]) -> None:
         """Train one chunk: the clients of one or more runs, their parameters, buffers and momentum stacked as
         one [k, ...] tensor per parameter, each run's clients a contiguous block. Each part receives its
         clients' flat params [k, P], flat buffers [k, B], mean task losses [k], payloads, and its views of the
@@ -222,8 +221,6 @@ class ParallelEngine(Engine):
         self._stack = Stack(P, Bf, anchors)
         self._packed.train()
         for t in range(max(len(part.plan) for part in parts)):
-            if stop is not None and stop():
-                raise KeyboardInterrupt
             # one vmapped forward and backward per batch size and loss shared by the runs' clients at step t
             calls: dict[tuple, list[tuple[Part, int, object]]] = {}
             for part in parts:

@@ -1,5 +1,10 @@
 """The round loop: sample clients, train them, aggregate, evaluate, record, checkpoint.
 
+A round has two phases: `begin(r)` says who trains and how (a `RoundPlan` holding the engine's `RoundJob`),
+`end(plan, trained)` takes what they trained through the channel into the aggregate, evaluates and writes.
+Who trains the job between them, and when, is a driver's choice (`fedagg.loop.drivers`): one loop alone, or
+several loops in step whose jobs one engine call trains together.
+
 Nothing here knows which aggregator runs: what a method needs beyond the parameters it
 declares in its `needs`, and the one provider (`fedagg.loop.inputs`) supplies it.
 """
@@ -10,6 +15,7 @@ import logging
 import math
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,7 +29,7 @@ from fedagg.loop.communication import BitCounter
 from fedagg.loop.diagnostics import round_diagnostics
 from fedagg.loop.evaluation import evaluate, per_client_accuracy, spread
 from fedagg.loop.inputs import InputsProvider
-from fedagg.runtime.interrupts import StoppedNow, StopRequests
+from fedagg.runtime.interrupts import StopRequests
 from fedagg.runtime.progress import RoundProgress
 from fedagg.config.settings import Settings, sample_clients, sampling_rate
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
@@ -40,6 +46,19 @@ def combine_buffers(buffers: Tensor, weights: Tensor) -> Tensor:
     return (weights * buffers).sum(dim=0) if weights.dim() == 2 else weights @ buffers
 
 
+@dataclass
+class RoundPlan:
+    """A round as `RoundLoop.begin` left it for an engine: its local training (`job`; None when no client
+    reported) and what `end` needs of it."""
+
+    round: int
+    ids: list[int]  # the reporting clients, in the job's order
+    rate: float | None  # the sampling rate (privacy accounting)
+    bits: dict  # communicated bits, down and up
+    lr: float
+    job: RoundJob | None
+
+
 class RoundLoop:
     def __init__(self, fed: Federation, settings: Settings, run_dir: Path, summary_base: dict) -> None:
         self.fed, self.settings, self.run_dir = fed, settings, Path(run_dir)
@@ -52,7 +71,7 @@ class RoundLoop:
         self.clients_log = CSVLog(self.run_dir / "clients.csv")  # per-client accuracy, with eval.per_client
         self.summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
                             rounds_completed=0, rounds_to_target=None, target_acc=settings.target_acc)
-        self.next_round, self.elapsed_before = 1, 0.0
+        self.next_round, self.elapsed_before, self.ended = 1, 0.0, False
         self.summary["server_samples"] = int(fed.server_idx.numel())
         self.summary["uses_extra_data"] = fed.aggregator.needs.uses_extra_data
         self.summary["corrupted_clients"] = fed.corrupted
@@ -95,8 +114,11 @@ class RoundLoop:
         self.saved_round, self.saved_summary = ckpt["round"], dict(self.summary)
         log.info("resuming after round %d", ckpt["round"])
 
-    # -- one round -----------------------------------------------------------------------
-    def step(self, r: int) -> dict:
+    # -- a round in two phases: `begin` says who trains and how, `end` takes what they trained ---------------
+    def begin(self, r: int) -> RoundPlan:
+        """Who is online, who is sampled and reports, their step budgets and the learning rate: the round's local
+        training as a `RoundJob` for an engine (none when no client reported). Draws from the run's own streams
+        only, so a driver may begin several loops' rounds before any of them trains."""
         fed, seed = self.fed, self.settings.seed
         online = fed.system.online(seed, r, self.settings.num_clients)
         sampled = sample_clients(self.settings, r, online)
@@ -106,13 +128,27 @@ class RoundLoop:
         lr = fed.trainer.lr_at(r, self.settings.rounds)
         if not ids:
             log.warning("round %d: no client reported; the global model is kept", r)
-            return {"round": r, "test_acc": None, "test_loss": None, "train_loss": None, "update_norm": 0.0,
-                    "lr": lr, "clients": 0, **bits}
+            return RoundPlan(r, ids, rate, bits, lr, None)
         chosen = [fed.clients[i] for i in ids]
         budgets = fed.system.budgets(seed, r, ids, [fed.trainer.steps(c) for c in chosen], fed.trainer.local_epochs)
-        result = fed.engine.train_round(RoundJob(
+        return RoundPlan(r, ids, rate, bits, lr, RoundJob(
             fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=seed, round=r,
             val_indices=self.provider.val_indices(chosen), budgets=budgets))
+
+    def end(self, plan: RoundPlan, trained: RoundResult | None) -> bool:
+        """The round from what its clients trained (`trained`; None when nobody reported): the upload channel, the
+        aggregate, the evaluation, the files and the checkpoint. False when the loop ends with this round
+        (its last, diverged, at its target, or asked to stop)."""
+        if plan.job is None:  # nobody reported: the global model is kept
+            return self.record({"round": plan.round, "test_acc": None, "test_loss": None, "train_loss": None,
+                                "update_norm": 0.0, "lr": plan.lr, "clients": 0, **plan.bits})
+        return self.record(self.aggregate(plan, trained))
+
+    def aggregate(self, plan: RoundPlan, result: RoundResult) -> dict:
+        """The participants' models through the upload channel into the aggregator: the new global model, and the
+        round's row of figures."""
+        fed, r, ids, rate, lr, bits, chosen = (self.fed, plan.round, plan.ids, plan.rate, plan.lr, plan.bits,
+                                               plan.job.clients)
         self.transmit(r, ids, result, rate)
         inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr, fed.engine.clients_in_memory)
         out = fed.aggregator.aggregate(inputs)
@@ -193,63 +229,74 @@ class RoundLoop:
         row.update(val_acc=acc, val_loss=loss)
         self.summary["final_val_acc"], self.summary["best_val_acc"] = acc, max(acc, self.summary.get("best_val_acc") or 0.0)
 
-    # -- the loop ------------------------------------------------------------------------
-    def run(self) -> dict:
-        settings, start = self.settings, time.perf_counter()
-        elapsed = lambda: self.elapsed_before + time.perf_counter() - start  # noqa: E731
-        progress = RoundProgress(self.next_round, settings.rounds)
-        # the handlers stay until the last file is written: a second Ctrl-C waits for a write to end
-        with StopRequests() as stop:
-            try:
-                for r in range(self.next_round, settings.rounds + 1):
-                    row = self.step(r)
-                    self.summary["rounds_completed"] = r
-                    loss_ok = row["train_loss"] is None or math.isfinite(row["train_loss"])  # None: nobody trained
-                    diverged = not (loss_ok and bool(torch.isfinite(self.params).all()))
-                    if not diverged and (r % settings.eval_every == 0 or r == settings.rounds):
-                        self.evaluate(row)
-                    progress.update(r, row["test_acc"], row["train_loss"])
-                    if diverged or row["test_acc"] is not None or row.get("val_acc") is not None:
-                        self.metrics.append({k: clean_number(v) for k, v in {**row, "elapsed_s": round(elapsed(), 3)}.items()})
-                    # the live tracker gets every round's diagnostics, test metrics where evaluated
-                    self.fed.tracker.log_round(r, {k: v for k, v in row.items() if v is not None})
-                    if diverged:
-                        self.summary.update(status="diverged", diverged_round=r)
-                        log.warning("round %d: non-finite loss or parameters; stopping (status: diverged)", r)
-                        break
-                    if settings.stop_at_target and self.summary["rounds_to_target"] is not None:
-                        self.summary["stopped_at_target"] = r  # the table needs no more rounds
-                        break
-                    if stop.requested and r < settings.rounds:
-                        self.summary["status"] = "interrupted"
-                        break
-                    if settings.checkpoint_every and r % settings.checkpoint_every == 0 and r < settings.rounds:
-                        with stop.writing():
-                            save_checkpoint(self.run_dir, self.state(elapsed()))
-                        self.saved_round, self.saved_summary = r, dict(self.summary)
-            except KeyboardInterrupt:
-                progress.close()
-                # the folder says what resume=true continues from: the latest checkpoint's state, interrupted
-                with stop.writing(last=True):
-                    write_json(self.run_dir / "summary.json", dict(self.saved_summary, status="interrupted"))
-                since = (f"the checkpoint after round {self.saved_round}" if self.saved_round else
-                         "round 1 (no checkpoint was written yet)")
-                again = "the same command" if self.summary["config"].get("resume") else "resume=true with the same settings"
-                log.warning("stopped at once; %s continues from %s", again, since)
-                raise StoppedNow from None
-            except Exception as err:
-                self.summary.update(status="failed", error=f"{type(err).__name__}: {err}",
-                                    traceback=traceback.format_exc())
-                with stop.writing(last=True):
-                    self.finish(elapsed())
-                raise
-            finally:
-                progress.close()
-            if self.summary["status"] == "running":
-                self.summary["status"] = "completed"
-            with stop.writing(last=True):
-                self.finish(elapsed())
+    # -- what a driver calls around the rounds (fedagg.loop.drivers) ------------------------------------------
+    @property
+    def running(self) -> bool:
+        return not self.ended and self.next_round <= self.settings.rounds
+
+    def start(self, stop: StopRequests, progress: RoundProgress) -> None:
+        """Before this process's first round of the run: the stop requests it obeys (a second Ctrl-C waits for its
+        writes to end), where its progress goes, and its clock."""
+        self.stop, self.progress, self.started = stop, progress, time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    def record(self, row: dict) -> bool:
+        """A round's bookkeeping once its model is known: evaluation, progress, files, tracker; then whether the run
+        goes on (not diverged, not at its target when it stops there, not asked to stop) and its checkpoint."""
+        settings, stop, r = self.settings, self.stop, row["round"]
+        self.summary["rounds_completed"] = r
+        self.next_round = r + 1
+        loss_ok = row["train_loss"] is None or math.isfinite(row["train_loss"])  # None: nobody trained
+        diverged = not (loss_ok and bool(torch.isfinite(self.params).all()))
+        if not diverged and (r % settings.eval_every == 0 or r == settings.rounds):
+            self.evaluate(row)
+        self.progress.update(r, row["test_acc"], row["train_loss"])
+        if diverged or row["test_acc"] is not None or row.get("val_acc") is not None:
+            self.metrics.append({k: clean_number(v) for k, v in {**row, "elapsed_s": round(self.elapsed(), 3)}.items()})
+        # the live tracker gets every round's diagnostics, test metrics where evaluated
+        self.fed.tracker.log_round(r, {k: v for k, v in row.items() if v is not None})
+        if diverged:
+            self.summary.update(status="diverged", diverged_round=r)
+            log.warning("round %d: non-finite loss or parameters; stopping (status: diverged)", r)
+            self.ended = True
+        elif settings.stop_at_target and self.summary["rounds_to_target"] is not None:
+            self.summary["stopped_at_target"] = r  # the table needs no more rounds
+            self.ended = True
+        elif stop.requested and r < settings.rounds:
+            self.summary["status"] = "interrupted"
+            self.ended = True
+        elif settings.checkpoint_every and r % settings.checkpoint_every == 0 and r < settings.rounds:
+            with stop.writing():
+                save_checkpoint(self.run_dir, self.state(self.elapsed()))
+            self.saved_round, self.saved_summary = r, dict(self.summary)
+        return self.running
+
+    def complete(self) -> dict:
+        """After the last round the loop ran: its status (completed, unless it diverged or was stopped), files."""
+        if self.summary["status"] == "running":
+            self.summary["status"] = "completed"
+        with self.stop.writing(last=True):
+            self.finish(self.elapsed())
         return self.summary
+
+    def failed(self, err: Exception) -> None:
+        """An error ended the run (called where it is caught: the traceback goes into summary.json)."""
+        self.summary.update(status="failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+        with self.stop.writing(last=True):
+            self.finish(self.elapsed())
+
+    def stopped_at_once(self) -> None:
+        """A second Ctrl-C: the folder says what resume=true continues from, the latest checkpoint's state,
+        interrupted."""
+        self.progress.close()
+        with self.stop.writing(last=True):
+            write_json(self.run_dir / "summary.json", dict(self.saved_summary, status="interrupted"))
+        since = (f"the checkpoint after round {self.saved_round}" if self.saved_round else
+                 "round 1 (no checkpoint was written yet)")
+        again = "the same command" if self.summary["config"].get("resume") else "resume=true with the same settings"
+        log.warning("stopped at once; %s continues from %s", again, since)
 
     def finish(self, elapsed: float) -> None:
         self.summary["wall_time_s"] = round(elapsed, 3)
@@ -263,9 +310,10 @@ class RoundLoop:
         write_json(self.run_dir / "summary.json", self.summary)
 
 
-def run_federation(fed: Federation, settings: Settings, run_dir: Path, summary_base: dict,
-                   checkpoint: dict | None = None) -> dict:
+def federation_loop(fed: Federation, settings: Settings, run_dir: Path, summary_base: dict,
+                    checkpoint: dict | None = None) -> RoundLoop:
+    """The run's loop, at its first round or, from `checkpoint`, the round after it."""
     loop = RoundLoop(fed, settings, run_dir, summary_base)
     if checkpoint is not None:
         loop.restore(checkpoint)
-    return loop.run()
+    return loop

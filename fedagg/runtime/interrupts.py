@@ -7,6 +7,10 @@ it waits for the write to end, so no half-written file (`checkpoint.pt.tmp`) is 
 
 A sweep's job may be asked to stop before its round loop starts (while it loads its
 data): `request_stop` records that, and the loop then stops after its first round.
+
+Several loops run in step (a stacked sweep's group, `fedagg.loop.drivers.run_in_step`) obey one
+`StopRequests` whose signals their launcher takes: it sets `requested`, and calls `now()` on a
+second Ctrl-C.
 """
 
 from __future__ import annotations
@@ -18,10 +22,6 @@ import threading
 
 log = logging.getLogger(__name__)
 _requested_before = False
-# for round loops in threads other than the main one (a stacked sweep's runs), which no signal reaches: their
-# launcher takes the signal and sets these (after the round; at once, on a second Ctrl-C)
-_stop_threads = threading.Event()
-_stop_threads_now = threading.Event()
 
 
 class StoppedNow(KeyboardInterrupt):
@@ -39,54 +39,32 @@ def clear_stop_request() -> None:
     _requested_before = False
 
 
-def stop_all_loops(stop: bool = True) -> None:
-    """Ask every round loop of this process, in any thread, to stop after its round (False: clear that and
-    `stop_all_loops_now`)."""
-    if stop:
-        _stop_threads.set()
-    else:
-        _stop_threads.clear()
-        _stop_threads_now.clear()
-
-
-def stop_all_loops_now() -> None:
-    """A second Ctrl-C for round loops in threads: each stops at once, at its next wait for a round (a stacked
-    group's round in progress stops at its next step), as a loop in the main thread does on a second Ctrl-C."""
-    _stop_threads.set()
-    _stop_threads_now.set()
-
-
-def stopping_now() -> bool:
-    return _stop_threads_now.is_set()
-
-
 class StopRequests:
     """Context manager: `requested` turns true on the first SIGINT or SIGTERM."""
 
     def __init__(self) -> None:
-        self._requested = False
+        self.requested = False
+        self.at_once = False  # a second Ctrl-C came
         self._previous: dict[int, object] = {}
         self._writing = 0  # depth of the writes a second Ctrl-C waits for
         self._stop_now = False
 
-    @property
-    def requested(self) -> bool:
-        return self._requested or _stop_threads.is_set()
-
-    @requested.setter
-    def requested(self, value: bool) -> None:
-        self._requested = value
-
     def _handle(self, signum, frame) -> None:
         if self.requested and signum == signal.SIGINT:
-            if self._writing:
-                self._stop_now = True  # raised when the write is complete
-                return
-            raise KeyboardInterrupt
+            self.now()
+            return
         if not self.requested:  # a sweep's parent forwards SIGTERM after the group's SIGINT: one line
             log.warning("%s received: stopping after this round (Ctrl-C again to stop now)",
                         signal.Signals(signum).name)
         self.requested = True
+
+    def now(self) -> None:
+        """Stop at once (a second Ctrl-C): KeyboardInterrupt here, or, while a file is written, right after it."""
+        self.requested = self.at_once = True
+        if self._writing:
+            self._stop_now = True  # raised when the write is complete
+            return
+        raise KeyboardInterrupt
 
     @contextlib.contextmanager
     def writing(self, last: bool = False):

@@ -3,16 +3,15 @@
 A tqdm bar redraws itself with carriage returns; in a file (nohup, Slurm, a joblib
 worker's log) that becomes one unreadable line, so off a terminal the same figures are
 logged as ordinary lines, at most one every `log_interval_s` seconds, plus the last round.
-Round loops in threads (the runs of a stacked sweep, fedagg/stacking) log lines too: a bar
-each would stack up one terminal line per run (64 for a 64-job group); their group draws one
-bar of the rounds it trains (`GroupProgress`).
+Round loops run in step (the runs of a stacked sweep, `fedagg.loop.drivers.run_in_step`) log
+lines too (`bar=False`): a bar each would stack up one terminal line per run (64 for a 64-job
+group); their group draws one bar of the rounds it trains (`GroupProgress`).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 
 from tqdm.auto import tqdm
@@ -21,11 +20,11 @@ log = logging.getLogger("fedagg")
 
 
 class RoundProgress:
-    def __init__(self, first: int, total: int, log_interval_s: float = 30.0, stream=None) -> None:
+    def __init__(self, first: int, total: int, log_interval_s: float = 30.0, stream=None, bar: bool = True) -> None:
         stream = sys.stderr if stream is None else stream
         self.total, self.interval = total, log_interval_s
         self.bar = tqdm(total=total, initial=first - 1, desc="rounds", unit="round", dynamic_ncols=True,
-                        mininterval=1.0, file=stream, disable=not _live(stream))
+                        mininterval=1.0, file=stream, disable=not (bar and _is_terminal(stream)))
         self.started, self.first, self.last_logged = time.perf_counter(), first, float("-inf")
         self.figures: dict[str, str] = {}
 
@@ -64,11 +63,6 @@ class GroupProgress:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def _live(stream) -> bool:
-    """A bar for this loop: on a terminal, and the loop in the main thread (see the module's docstring)."""
-    return _is_terminal(stream) and threading.current_thread() is threading.main_thread()
 
 
 def _is_terminal(stream) -> bool:

@@ -46,6 +46,7 @@ class WandbTracker(Tracker):
                 name=self.name or name,
                 dir=str(run_dir),
                 config=config,
+                reinit="create_new",  # the jobs of a stacked sweep each have a run, open at once in one process
             )
         except Exception as err:  # noqa: BLE001 - any failure to start means: carry on without it
             warnings.warn(f"W&B could not start ({err}); continuing with the CSV and JSON files only", stacklevel=2)

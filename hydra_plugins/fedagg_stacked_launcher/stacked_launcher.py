@@ -2,16 +2,21 @@
 
 It composes every job of the sweep, groups those with the same dataset, model, device, engine options and
 local-training shape (batch size, local epochs) - seeds, aggregators and their hyperparameters, partition
-parameters, client learning rate, system and attack may differ - and runs each group in this process, every
-job in a thread of its own through its ordinary path (`fedagg.run.main`), their rounds trained as one
-parallel-engine computation (`fedagg.stacking`). Jobs that cannot be grouped run one at a time, as with the
-basic launcher, after one line saying why. Each job keeps its folder, files, checkpoints and resume; the
-sweep's callback (`fedagg.edge.sweep.SweepSummary`) counts them as for any sweep.
+parameters, client learning rate, system and attack may differ - and runs each group in this process, in one
+thread: it prepares every job of the group in turn (`fedagg.run.prepare`: the job's checks, data, clients, model,
+its folder held), then drives their round loops in step (`fedagg.loop.drivers.run_in_step`: each round `begin`
+on every job, one parallel-engine computation for all their clients, `end` on each). Jobs that cannot be grouped
+run one at a time through Hydra's `run_job`, as with the basic launcher, after one line saying why. Each job keeps
+its folder, files, checkpoints, resume and W&B run; a job that fails, diverges or completes leaves its group, the
+others go on.
 
-Process-wide state is kept per job: Hydra's HydraConfig is one per thread while a group runs, and each job's
-log lines go to its own log file (a handler per job that takes its thread's records). Ctrl-C or SIGTERM stops
-every running job after its round (checkpoint, `status: interrupted`) and starts no other; a second Ctrl-C stops
-them at once, as it stops a single run (each keeps its last checkpoint, `status: interrupted`).
+For a group's jobs this launcher does what Hydra's `run_job` does for a job: its folder, `.hydra/` files (unless
+`hydra.output_subdir` is null), log file and the sweep's callbacks (`on_job_start`, `on_job_end`: the sweep's
+count, `fedagg.edge.sweep.SweepSummary`). HydraConfig holds the job's config while the job is prepared; a job's
+log lines go to its own log file (each file takes the lines logged while the launcher works for its job).
+Ctrl-C or SIGTERM stops every running job after its round (checkpoint, `status: interrupted`) and starts no
+other; a second Ctrl-C stops them at once, as it stops a single run (each keeps its last checkpoint,
+`status: interrupted`).
 """
 
 
@@ -22,12 +27,13 @@ import logging
 import logging.config
 import os
 import signal
-import threading
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Sequence
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import (JobReturn, JobRuntime, JobStatus, _flush_loggers, _save_config, configure_log,
+                              env_override, filter_overrides, run_job, setup_globals)
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from hydra.utils import get_class
@@ -125,25 +131,8 @@ def form_groups(keys: list[tuple[str | None, str]], max_group: int) -> list[tupl
     return sorted(groups, key=lambda g: g[0][0])
 
 
-@contextlib.contextmanager
-def hydra_config_per_thread():
-    """HydraConfig holds one job's config for the whole process; while a group runs, one per thread."""
-    instance = HydraConfig.instance()
-    cls, main_cfg, local = type(instance), instance.cfg, threading.local()
-
-    class PerThread(cls):
-        cfg = property(lambda self: getattr(local, "cfg", main_cfg), lambda self, value: setattr(local, "cfg", value))
-
-    instance.__class__ = PerThread
-    try:
-        yield
-    finally:
-        instance.__class__ = cls
-        instance.cfg = main_cfg
-
-
 def console_logging(job_logging: DictConfig) -> None:
-    """The jobs' logging without its file handlers (each job adds its own, for its thread: `job_log_file`)."""
+    """The jobs' logging without its file handlers (each job adds its own: `job_log_files`)."""
     conf = OmegaConf.to_container(job_logging, resolve=False)
     files = [name for name, h in conf.get("handlers", {}).items() if "filename" in h]
     for name in files:
@@ -153,27 +142,51 @@ def console_logging(job_logging: DictConfig) -> None:
         logging.config.dictConfig(conf)
 
 
+_serving: ContextVar[object] = ContextVar("serving", default=None)  # the job whose work the launcher does now
+
+
 @contextlib.contextmanager
-def job_log_file():
-    """The running job's file handlers of its job_logging (e.g. <run dir>/run.log), taking only this thread's lines."""
-    hydra_cfg = HydraConfig.get()
-    conf = OmegaConf.to_container(hydra_cfg.job_logging, resolve=True) if hydra_cfg.job_logging else {}
-    thread, handlers = threading.get_ident(), []
+def serving(job: "_Job"):
+    """Within: the launcher works for `job` (prepares it, steps its loop, ends it): log lines go to its file."""
+    token = _serving.set(job)
+    try:
+        yield
+    finally:
+        _serving.reset(token)
+
+
+def job_log_files(config: DictConfig, job: "_Job") -> list[logging.Handler]:
+    """The job's file handlers of its job_logging (e.g. <run dir>/run.log), taking only the lines logged while the
+    launcher serves that job."""
+    conf = OmegaConf.to_container(config.hydra.job_logging, resolve=True) if config.hydra.job_logging else {}
+    handlers = []
     for h in conf.get("handlers", {}).values():
         if "filename" not in h:
             continue
         handler = get_class(h.get("class", "logging.FileHandler"))(h["filename"])  # fedagg's RunLog: run_log.py
         fmt = conf.get("formatters", {}).get(h.get("formatter"), {}).get("format")
         handler.setFormatter(logging.Formatter(fmt))
-        handler.addFilter(lambda record: record.thread == thread)
+        handler.addFilter(lambda record: _serving.get() is job)
         handlers.append(handler)
         logging.getLogger().addHandler(handler)
-    try:
-        yield
-    finally:
-        for handler in handlers:
+    return handlers
+
+
+class _Job:
+    """A job of a group, as Hydra's `run_job` holds one: its config with the hydra node, the config it runs, what
+    it returns to the sweep, its log files; then its prepared run."""
+
+    def __init__(self, config: DictConfig) -> None:
+        self.config = config
+        self.ret = JobReturn()
+        self.handlers: list[logging.Handler] = []
+        self.prepared = None  # fedagg.run.Prepared
+
+    def close_logs(self) -> None:
+        for handler in self.handlers:
             logging.getLogger().removeHandler(handler)
             handler.close()
+        self.handlers = []
 
 
 class StackedLauncher(Launcher):
@@ -185,7 +198,8 @@ class StackedLauncher(Launcher):
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
-        self.stopping = False
+        self.stopping = self.stopping_now = False
+        self.group = None  # the StopRequests of the group being run (fedagg.runtime.interrupts)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -209,9 +223,6 @@ class StackedLauncher(Launcher):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            from fedagg.runtime import interrupts
-
-            interrupts.stop_all_loops(False)
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
         setup_globals()
@@ -234,56 +245,169 @@ class StackedLauncher(Launcher):
                 i = positions[0]
                 log.info("#%d runs alone (%s): %s", configs[i].hydra.job.num, why,
                          " ".join(filter_overrides(job_overrides[i])))
-                returns[i] = self._run(configs[i], configure_logging=True)
+                returns[i] = run_job(hydra_context=self.hydra_context, task_function=self.task_function,
+                                     config=configs[i], job_dir_key="hydra.sweep.dir",
+                                     job_subdir_key="hydra.sweep.subdir", configure_logging=True)
             else:
                 log.info("jobs %s train together", ", ".join(f"#{configs[i].hydra.job.num}" for i in positions))
-                self._run_group(positions, configs, returns)
+                saved = HydraConfig.instance().cfg
+                try:
+                    self._run_group(positions, configs, returns)
+                finally:
+                    HydraConfig.instance().cfg = saved
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return returns
 
-    def _run(self, cfg: DictConfig, configure_logging: bool, task_function: TaskFunction | None = None) -> JobReturn:
-        return run_job(hydra_context=self.hydra_context, task_function=task_function or self.task_function,
-                       config=cfg, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
-                       configure_logging=configure_logging)
-
     def _run_group(self, positions: list[int], configs: list[DictConfig], returns: list) -> None:
-        from fedagg import stacking
+        """Prepare every job of the group in turn, then drive their loops in step with one parallel engine; each
+        job ends (its files, its W&B run, the sweep's callbacks) as it leaves the group."""
+        from fedagg.engines.parallel import ParallelEngine
+        from fedagg.loop.drivers import run_alone, run_in_step
+        from fedagg.runtime.interrupts import StopRequests
 
-        coordinator = stacking.Coordinator(len(positions))
         console_logging(configs[positions[0]].hydra.job_logging)
-
-        def task(cfg):
-            with job_log_file():
-                return self.task_function(cfg)
-
-        def job(place: int, i: int) -> None:
-            with stacking.member(coordinator, place):
+        self.group = stop = StopRequests()  # the signals come to `_stop`, which sets it
+        stop.requested = self.stopping
+        try:
+            jobs, stepped, alone = [], [], []
+            for place, i in enumerate(positions):
+                job = _Job(configs[i])
+                jobs.append(job)
                 try:
-                    returns[i] = self._run(configs[i], configure_logging=False, task_function=task)
-                except BaseException as err:  # what run_job itself lets through (a callback's error)
-                    returns[i] = JobReturn(status=JobStatus.FAILED, _return_value=err)
+                    with stop.writing(last=True):  # a second Ctrl-C stops the group once this is written
+                        self._open(job)
+                except Exception as err:  # a callback's error, as Hydra's run_job lets it through
+                    job.close_logs()
+                    returns[positions[place]] = JobReturn(status=JobStatus.FAILED, _return_value=err)
+                    continue
+                try:
+                    with serving(job):
+                        outcome = self._prepare(job)
+                except KeyboardInterrupt:  # a second Ctrl-C, outside the run's own setup
+                    outcome = {"status": "interrupted"}
+                if outcome is not None:
+                    self._close(job, outcome, stop)
+                    returns[positions[place]] = job.ret
+                elif isinstance(job.prepared.loop.fed.engine, ParallelEngine):
+                    stepped.append(place)
+                else:  # the grouping sends only engine=parallel jobs here; another engine trains its own rounds
+                    alone.append(place)
+            if stepped:
+                # the group's engine: a copy of the first job's before it trained (same options as every job's, its
+                # chunk size resolved for the whole group at the first round)
+                engine = copy.copy(jobs[stepped[0]].prepared.loop.fed.engine)
+                loops = [jobs[place].prepared.loop for place in stepped]
+                by_loop = {id(loop): jobs[place] for loop, place in zip(loops, stepped)}
 
-        with hydra_config_per_thread():
-            threads = [threading.Thread(target=job, args=(place, i), name=f"job-{configs[i].hydra.job.num}")
-                       for place, i in enumerate(positions)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                while t.is_alive():  # in short waits: the signal handler runs in this thread between them
-                    t.join(0.2)
+                def left(k: int, outcome) -> None:
+                    self._close(jobs[stepped[k]], outcome, stop)
+                    returns[positions[stepped[k]]] = jobs[stepped[k]].ret
+
+                outcomes = run_in_step(loops, engine, stop, focus=lambda loop: serving(by_loop[id(loop)]), left=left)
+                for k, outcome in enumerate(outcomes):  # one that a second Ctrl-C kept from `left`
+                    if returns[positions[stepped[k]]] is None:
+                        left(k, outcome)
+            for place in alone:
+                job = jobs[place]
+                with serving(job):
+                    try:
+                        outcome = run_alone(job.prepared.loop)
+                    except (KeyboardInterrupt, Exception) as err:
+                        outcome = err
+                self._close(job, outcome, stop)
+                returns[positions[place]] = job.ret
+        finally:
+            self.group = None
+
+    # -- what Hydra's run_job does for a job, done here for the jobs of a group ---------------------------------
+    def _open(self, job: _Job) -> None:
+        """The job's folder, its .hydra/ files and log file; the sweep's callbacks hear that it starts."""
+        config = job.config
+        HydraConfig.instance().set_config(config)  # its sweep subdir may read hydra.job
+        output_dir = os.path.join(str(OmegaConf.select(config, "hydra.sweep.dir")),
+                                  str(OmegaConf.select(config, "hydra.sweep.subdir")))
+        with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
+            config.hydra.runtime.output_dir = os.path.abspath(output_dir)
+        HydraConfig.instance().set_config(config)
+        task_cfg = copy.deepcopy(config)
+        with read_write(task_cfg), open_dict(task_cfg):
+            del task_cfg["hydra"]
+        ret = job.ret
+        ret.cfg, ret.hydra_cfg = task_cfg, copy.deepcopy(HydraConfig.instance().cfg)
+        ret.overrides = OmegaConf.to_container(config.hydra.overrides.task)
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        ret.working_dir = os.getcwd()  # the grouping leaves hydra.job.chdir=true jobs alone
+        if config.hydra.output_subdir is not None:
+            hydra_output = Path(config.hydra.runtime.output_dir) / Path(config.hydra.output_subdir)
+            _save_config(task_cfg, "config.yaml", hydra_output)
+            _save_config(ret.hydra_cfg, "hydra.yaml", hydra_output)
+            _save_config(config.hydra.overrides.task, "overrides.yaml", hydra_output)
+        job.handlers = job_log_files(config, job)
+        with env_override(ret.hydra_cfg.hydra.job.env_set):
+            self.hydra_context.callbacks.on_job_start(config=config, task_function=self.task_function)
+
+    def _prepare(self, job: _Job) -> dict | None:
+        """The job's run, ready for its first round (`job.prepared`), or what the job returns at once: it was not
+        started (the sweep was stopped), its setup was refused or failed, or it had completed (resume=true)."""
+        from fedagg import run
+        from fedagg.edge.sweep import SweepSummary
+
+        HydraConfig.instance().set_config(job.config)  # experiment files read hydra:runtime.choices
+        if self.stopping or SweepSummary.stopping():
+            return {"status": "not started"}  # the sweep was stopped before this job began
+        run_dir, resume = job.config.hydra.runtime.output_dir, job.ret.cfg.get("resume") is True
+        with env_override(job.ret.hydra_cfg.hydra.job.env_set):
+            try:
+                run_dir, choices, overrides, at_once = run.job_of(HydraConfig.get())
+                job.prepared = run.prepare(job.ret.cfg, run_dir, choices, overrides, at_once)
+            except (KeyboardInterrupt, Exception) as err:  # in a sweep the others go on
+                return run.job_outcome(run_dir, resume, error=err)
+        if job.prepared.loop is None:  # resume=true: it had completed
+            return run.job_outcome(run_dir, resume, summary=job.prepared.finished(job.prepared.summary))
+        return None
+
+    def _close(self, job: _Job, outcome, stop) -> None:
+        """The job's end: its run's files and tracker closed, its line, its return, the sweep's callbacks."""
+        from fedagg import run
+
+        run_dir = job.config.hydra.runtime.output_dir
+        resume = job.ret.cfg.get("resume") is True
+        with stop.writing(last=True), serving(job):  # a second Ctrl-C stops the others once the job has ended
+            HydraConfig.instance().set_config(job.config)
+            if job.prepared is not None and job.prepared.loop is not None:
+                try:
+                    if isinstance(outcome, BaseException):
+                        job.prepared.close()
+                        outcome = run.job_outcome(run_dir, resume, error=outcome)
+                    else:
+                        outcome = run.job_outcome(run_dir, resume, summary=job.prepared.finished(outcome))
+                except Exception as err:  # closing it failed (its tracker): the job failed, the others go on
+                    outcome = run.job_outcome(run_dir, resume, error=err)
+            job.ret.return_value, job.ret.status = outcome, JobStatus.COMPLETED
+            job.ret.task_name = JobRuntime.instance().get("name")
+            _flush_loggers()
+            try:
+                self.hydra_context.callbacks.on_job_end(config=job.config, job_return=job.ret)
+            except Exception as err:  # as Hydra's run_job lets it through: the job failed
+                job.ret.return_value, job.ret.status = err, JobStatus.FAILED
+            finally:
+                job.close_logs()
 
     def _stop(self, signum, frame) -> None:
         from fedagg.edge.sweep import LEDGER_ENV
         from fedagg.runtime import interrupts
 
-        interrupts.stop_all_loops()
-        interrupts.request_stop()
+        interrupts.request_stop()  # a job run alone that is loading its data stops after its first round
         if (ledger := os.environ.get(LEDGER_ENV)) and Path(ledger).is_dir():
             (Path(ledger) / "stop").touch()  # jobs not yet begun do not begin
         if not self.stopping:
             self.stopping = True
+            if self.group is not None:
+                self.group.requested = True
             log.warning("%s received: stopping the sweep; its running jobs stop after their current round, the others "
                         "do not begin (Ctrl-C again to stop them now)", signal.Signals(signum).name)
-        elif signum == signal.SIGINT and not interrupts.stopping_now():  # twice, as a single run stops at once
-            interrupts.stop_all_loops_now()
+        elif signum == signal.SIGINT and not self.stopping_now:  # twice, as a single run stops at once
+            self.stopping_now = True
             log.warning("SIGINT received again: the running jobs stop now; each keeps its last checkpoint")
+            if self.group is not None:
+                self.group.now()  # KeyboardInterrupt in the group's round, or once the file being written is

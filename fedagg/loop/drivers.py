@@ -1,0 +1,135 @@
+"""Drivers: who calls a round loop's two phases, and who trains the jobs between them.
+
+`run_alone(loop)` is a single run: each round `begin`, the run's own engine trains the job, `end`.
+`run_in_step(loops, engine, stop)` runs several loops in one thread, round by round: `begin` on every loop
+still running, one `train_rounds` call of the (parallel) engine for all their jobs, `end` on each. A loop that
+ends (its last round, diverged, failed, stopped) leaves; the others go on. It is the stacked launcher's driver
+(hydra_plugins/fedagg_stacked_launcher): a sweep's runs of one model structure share the device that way,
+each still its own run (its folder, files, checkpoints, resume).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Callable, ContextManager
+
+from fedagg.engines.base import RoundJob, RoundResult
+from fedagg.engines.parallel import ParallelEngine
+from fedagg.loop.round_loop import RoundLoop
+from fedagg.runtime.interrupts import StoppedNow, StopRequests
+from fedagg.runtime.progress import GroupProgress, RoundProgress
+
+log = logging.getLogger("fedagg")
+Outcome = dict | BaseException  # a loop's summary, or what ended it: an error, StoppedNow (a second Ctrl-C)
+
+
+def run_alone(loop: RoundLoop) -> dict:
+    """The run's remaining rounds on its own engine; its summary. A second Ctrl-C raises StoppedNow once the
+    folder says how far the run got; an error is raised after summary.json records it."""
+    # the handlers stay until the last file is written: a second Ctrl-C waits for a write to end
+    with StopRequests() as stop:
+        loop.start(stop, RoundProgress(loop.next_round, loop.settings.rounds))
+        try:
+            while loop.running:
+                plan = loop.begin(loop.next_round)
+                loop.end(plan, None if plan.job is None else loop.fed.engine.train_round(plan.job))
+        except KeyboardInterrupt:
+            loop.stopped_at_once()
+            raise StoppedNow from None
+        except Exception as err:
+            loop.failed(err)
+            raise
+        finally:
+            loop.progress.close()
+        return loop.complete()
+
+
+def run_in_step(loops: list[RoundLoop], engine: ParallelEngine, stop: StopRequests,
+                focus: Callable[[RoundLoop], ContextManager] = lambda loop: contextlib.nullcontext(),
+                left: Callable[[int, Outcome], None] = lambda k, outcome: None) -> list[Outcome]:
+    """Run `loops` round by round together, their jobs trained by `engine.train_rounds` (a `ParallelEngine`);
+    each loop's outcome, in their order. `stop`: the requests every loop obeys (the caller takes the signals: a
+    first Ctrl-C sets `requested`, a second raises KeyboardInterrupt here, or sets `at_once` while a file is
+    written); `focus(loop)`: entered around whatever is done for one loop (its log lines go to its file);
+    `left(k, outcome)`: called as loop k leaves, while the others go on."""
+    outcomes: dict[int, Outcome] = {}
+    live = list(range(len(loops)))
+    group = GroupProgress()
+
+    def leave(k: int, outcome: Outcome) -> None:
+        with stop.writing(last=True):  # a second Ctrl-C meanwhile stops the others at the next round
+            outcomes[k] = outcome
+            live.remove(k)
+            loops[k].progress.close()
+            left(k, outcome)
+
+    def failed(k: int, err: Exception) -> None:  # in its `except` clause: summary.json gets the traceback
+        with focus(loops[k]):
+            loops[k].failed(err)
+        leave(k, err)
+
+    for loop in loops:  # a bar each would stack one terminal line per run: they log lines, the group draws a bar
+        loop.start(stop, RoundProgress(loop.next_round, loop.settings.rounds, bar=False))
+    try:
+        for k in [k for k in live if not loops[k].running]:  # resumed after its last round
+            with focus(loops[k]):
+                leave(k, loops[k].complete())
+        while live:
+            if stop.at_once:  # asked while a file was written
+                raise KeyboardInterrupt
+            plans = {}
+            for k in list(live):
+                try:
+                    with focus(loops[k]):
+                        plans[k] = plan = loops[k].begin(loops[k].next_round)
+                        own = loops[k].fed.engine
+                        if plan.job is not None and own is not engine and isinstance(own, ParallelEngine):
+                            own._resolve_chunk_size([plan.job])  # what the run alone cuts its aggregator's blocks to
+                except Exception as err:
+                    failed(k, err)
+            trained = train_together(engine, {k: plan.job for k, plan in plans.items() if plan.job is not None})
+            group.update(len(trained))
+            for k, plan in plans.items():
+                result = trained.get(k)
+                try:
+                    if isinstance(result, Exception):
+                        raise result
+                    with focus(loops[k]):
+                        going_on = loops[k].end(plan, result)
+                        if not going_on:
+                            summary = loops[k].complete()
+                except Exception as err:
+                    failed(k, err)
+                    continue
+                if not going_on:
+                    leave(k, summary)
+    except KeyboardInterrupt:  # a second Ctrl-C: every running loop stops at once, keeping its last checkpoint
+        for k in list(live):
+            with focus(loops[k]):
+                loops[k].stopped_at_once()
+            leave(k, StoppedNow())
+    finally:
+        group.close()
+    return [outcomes[k] for k in range(len(loops))]
+
+
+def train_together(engine: ParallelEngine, jobs: dict[int, RoundJob]) -> dict[int, RoundResult | Exception]:
+    """The round's jobs in one `train_rounds` call; when that call fails, each job alone, so that one run's error
+    (its data, its objective) fails that run alone."""
+    if not jobs:
+        return {}
+    try:
+        return dict(zip(jobs, engine.train_rounds(list(jobs.values()))))
+    except Exception as err:
+        if len(jobs) == 1:
+            return {k: err for k in jobs}
+        log.warning("a stacked round of %d runs failed (%s: %s); training them one at a time this round",
+                    len(jobs), type(err).__name__, err)
+    out: dict[int, RoundResult | Exception] = {}
+    for k, job in jobs.items():
+        try:
+            out[k] = engine.train_rounds([job])[0]
+        except Exception as one:
+            out[k] = one
+    return out
