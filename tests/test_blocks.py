@@ -68,8 +68,9 @@ def test_blocked_helpers_equal_the_whole_computation_to_rounding():
     whole = weights @ (x.client_params - x.global_params)
     norms = torch.linalg.vector_norm(x.client_params - x.global_params, dim=1)
     for rows in (1, ROWS, 5):
-        torch.testing.assert_close(weighted_update(weights, x.client_params, x.global_params, rows), whole, **BLOCKED)
-        torch.testing.assert_close(update_norms(x.client_params, x.global_params, rows), norms, **BLOCKED)
+        blocked = dataclasses.replace(x, block_rows=rows)
+        torch.testing.assert_close(weighted_update(weights, blocked), whole, **BLOCKED)
+        torch.testing.assert_close(update_norms(blocked), norms, **BLOCKED)
 
 
 def _fednova():
@@ -99,7 +100,7 @@ def test_aggregators_give_the_same_model_in_blocks(name):
         agg, extra = EXACT[name]()
         results = [agg.aggregate(_inputs(rows, seed=r, **extra)) for r in (0, 1)]  # two rounds: state carried in blocks
         res = results[-1]
-        outs.append(([r.params for r in results], res.weights, res.weights_for_buffers(), agg.take_diagnostics()))
+        outs.append(([r.params for r in results], res.weights, res.weights_for_buffers(), res.metrics))
     (new0, w0, bw0, d0), (new1, w1, bw1, d1) = outs
     for a, b in zip(new0, new1):
         torch.testing.assert_close(b, a, **BLOCKED)
@@ -136,8 +137,8 @@ def test_fedcams_in_row_blocks_matches_to_rounding_and_keeps_errors_per_id():
     outs = []
     for rows in (None, ROWS):
         agg = FedCAMS(compressor="topk", ratio=0.1)
-        new = [agg.aggregate(_inputs(rows, seed=r)).params for r in (0, 1)]
-        outs.append((new, agg.errors, agg.take_diagnostics()))
+        results = [agg.aggregate(_inputs(rows, seed=r)) for r in (0, 1)]
+        outs.append(([r.params for r in results], agg.errors, results[-1].metrics))
     (new0, e0, d0), (new1, e1, d1) = outs
     assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(new0, new1))
     assert e0.keys() == e1.keys() and all(torch.equal(e0[i], e1[i]) for i in e0)  # per row: exact
@@ -170,8 +171,8 @@ def test_diagnostics_norms_in_row_blocks():
     x = _inputs(None)
     weights = torch.full((K,), 1 / K)
     new = x.global_params + 0.01
-    whole = round_diagnostics(x.global_params, new, x.client_params, weights)
-    peak, blocked = peak_bytes(round_diagnostics, x.global_params, new, x.client_params, weights, ROWS)
+    whole = round_diagnostics(x, new, weights)
+    peak, blocked = peak_bytes(round_diagnostics, dataclasses.replace(x, block_rows=ROWS), new, weights)
     assert blocked == whole
     assert peak <= (ROWS + 1) * P * FLOAT
 

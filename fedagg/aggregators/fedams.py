@@ -113,8 +113,9 @@ class FedCAMS(FedAMS):
             norms.append(torch.linalg.vector_norm(residual, dim=1))
             part = weights[rows] @ sent
             update = part if update is None else update + part
-        self.report(error_norm=float(torch.cat(norms).mean()))  # what compression held back
-        return AggregateResult(self.server_update(inputs, update), weights)  # FedAMS on sum_k p_k c_k
+        # FedAMS on sum_k p_k c_k; error_norm: what compression held back
+        return AggregateResult(self.server_update(inputs, update), weights,
+                               metrics={"error_norm": float(torch.cat(norms).mean())})
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "errors": self.errors.state_dict()}

@@ -119,9 +119,9 @@ class RoundLoop:
         new_params, weights = out.params, out.weights
         data_weights = sample_weights(inputs.num_samples)
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
-               **round_diagnostics(self.params, new_params, result.params, weights, inputs.block_rows),
+               **round_diagnostics(inputs, new_params, weights),
                "lr": lr, "clients": len(chosen), **bits, **(sent := fed.channel.metrics()),
-               **{f"agg_{k}": v for k, v in fed.aggregator.take_diagnostics().items()}}
+               **{f"agg_{k}": v for k, v in out.metrics.items()}}
         for key in sent:
             self.summary.pop(f"final_{key}_infinite", None)  # set again below while the value is infinite
         self.summary.update(summary_values(sent))  # e.g. final_dp_epsilon
