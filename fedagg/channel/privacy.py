@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
 from fedagg.channel.accounting import Accountant, epsilon
-from fedagg.channel.base import Setup, Stage
+from fedagg.channel.base import Setup, Stage, Upload
 from fedagg.config.constraints import Flag, Range, checked
-
-if TYPE_CHECKING:
-    from fedagg.aggregators.base import Aggregator
 
 __all__ = ["DP", "epsilon"]
 log = logging.getLogger(__name__)
@@ -78,18 +75,19 @@ class DP(Stage):
     def rounds(self) -> int:
         return len(self.accountant)
 
-    def check(self, aggregator: Aggregator, setup: Setup) -> None:
-        name = setup.named(aggregator)
-        if aggregator.compresses_uploads:
-            twin = f"; {aggregator.same_uncompressed} channel=[sign,dp] compresses before dp" if aggregator.same_uncompressed else ""
+    def check(self, setup: Setup) -> None:
+        rule = setup.rule
+        name = rule.shown
+        if rule.compresses_uploads:
+            twin = f"; {rule.same_uncompressed} channel=[sign,dp] compresses before dp" if rule.same_uncompressed else ""
             raise ValueError(f"channel=dp is not allowed with {name}: it compresses each update after dp has clipped "
                              f"it and added the noise, which must reach the mean unchanged{twin}")
-        if not aggregator.weighted_mean:
+        if not rule.weighted_mean:
             raise ValueError(f"channel=dp is not allowed with {name}: its rule is not a weighted mean with "
                              "data-independent weights, so noise on that mean does not make it private; use fedavg, "
                              "fedavgm, fedadam, fedyogi, fedadagrad or fedams")
-        if aggregator.weighting != "uniform":  # every weighted-mean rule takes FedAvg's weighting
-            raise ValueError(f"aggregator.weighting={aggregator.weighting} is not allowed with channel=dp: the noise "
+        if rule.weighting != "uniform":  # every weighted-mean rule takes FedAvg's weighting
+            raise ValueError(f"aggregator.weighting={rule.weighting} is not allowed with channel=dp: the noise "
                              "is scaled for the uniform mean (SPEC); set aggregator.weighting=uniform")
         try:
             import dp_accounting  # noqa: F401
@@ -124,7 +122,8 @@ class DP(Stage):
     def sigma_b(self, k: int) -> float:
         return self.count_noise if self.count_noise is not None else k / 20
 
-    def privatise(self, u: Tensor, g: torch.Generator, rate: float | None = None) -> Tensor:
+    def client(self, u: Tensor, up: Upload, g: torch.Generator) -> Tensor:
+        rate = up.rate
         k, s = u.shape[0], self.clip
         norms = torch.linalg.vector_norm(u, dim=1, keepdim=True)
         clipped = u * (s / norms).clamp(max=1.0)  # ‖Δ_k‖ = 0 gives inf, clamped to 1
