@@ -138,3 +138,21 @@ def test_a_compressor_after_a_privatising_stage_is_refused_and_the_attack_may_be
 def test_channel_attack_in_a_list_runs_from_the_command_line(tmp_path):
     summary = run_experiment(["rounds=1", "device=cpu", "channel=[attack,topk]", "attack=sign_flip"], tmp_path / "run")
     assert summary["status"] == "completed" and summary["choices"]["channel"] == "[attack,topk]"
+
+
+def test_dp_clips_on_the_clients_and_adds_its_seeded_noise_once_to_the_mean():
+    from fedagg.channel import DP, Rule, Setup
+    from fedagg.data.seeding import generator
+
+    dp = DP(noise_multiplier=2.0, clip=1.0)
+    dp.check(Setup(10, 2, rule=Rule(weighting="uniform", weighted_mean=True)))
+    w = torch.tensor([1.0, -1.0, 0.5])
+    models = w + torch.tensor([[3.0, 4.0, 0.0], [0.3, 0.0, 0.4]])
+    arrived = Channel([dp]).transmit(models, upload(2, 3, ids=[4, 9], r=3, seed=5, start=w))
+    rows = arrived.models - w
+    torch.testing.assert_close(rows, torch.tensor([[0.6, 0.8, 0.0], [0.3, 0.0, 0.4]]))  # clipped, and no noise
+    out = FedAvg(weighting="uniform").aggregate(RoundInputs.of(w, arrived.models, on_mean=arrived.on_mean))
+    # the stage's stream (seed 5, stage 0, round 3) draws the noise vector; sd z S / K = 2 * 1 / 2
+    noise = torch.randn(3, generator=generator(5, "channel", 0, 3), dtype=torch.float64).float() * 1.0
+    assert torch.equal(out.params, w + (torch.tensor([0.5, 0.5]) @ rows + noise))
+    assert dp.rounds == 1 and dp.metrics()["dp_clip"] == 1.0

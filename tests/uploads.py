@@ -16,3 +16,20 @@ def release(stage, u, g, rate=None):
     up = upload(*u.shape, rate=rate)
     rows = stage.client(u, up, g)
     return rows, stage.server(rows.mean(dim=0), up, g)
+
+
+def through_channel(agg, inputs, channel=None):
+    """agg.aggregate(inputs) as a run does it: what the clients send passes `channel` (none by default) with the
+    rule's own stages (`Aggregator.channel_stages`: FedCAMS's compression) after the attack, and the mean its
+    server sides."""
+    import dataclasses
+
+    from fedagg.attacks.base import Attack
+    from fedagg.channel import Channel
+
+    channel = (channel or Channel()).connect(Attack(), agg.channel_stages())
+    k = inputs.num_clients
+    up = Upload(inputs.global_params, tuple(inputs.client_ids.tolist()), torch.zeros(k, dtype=torch.bool), inputs.seed,
+                inputs.round, 10)
+    arrived = channel.transmit(inputs.client_params, up)
+    return agg.aggregate(dataclasses.replace(inputs, client_params=arrived.models, on_mean=arrived.on_mean))

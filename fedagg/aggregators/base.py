@@ -131,6 +131,11 @@ class Aggregator(metaclass=Named):
         params, more = measured(self.server_update(inputs, update))
         return AggregateResult(params, weights, metrics={**metrics, **more})
 
+    def channel_stages(self) -> list:
+        """Upload-channel stages (fedagg.channel) the rule consists of, such as FedCAMS's compression with error
+        feedback: the run's assembly puts them in the channel right after the attack. None by default."""
+        return []
+
     def client_stores(self) -> dict[str, ClientStore]:
         """Per-client state the server half keeps by client id (fedagg/clients/store.py), by name: the run
         loop gives each a folder in the run directory. None by default."""

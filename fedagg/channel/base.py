@@ -202,6 +202,7 @@ class Channel:
         self.chain: list[Stage] = []  # the run order: every stage and the attack
         self.stages: list[Stage] = []  # the listed stages without the attack: stage n draws from stream n
         self.names: list[str] = []
+        self.rule_stages: list[Stage] = []  # the aggregator's own (`connect`), after the listed ones in `stages`
         for name, stage in zip(names, listed):
             if isinstance(stage, AttackPosition):
                 self.chain.append(stage)
@@ -238,14 +239,24 @@ class Channel:
     def of(cls, value: Channel | list[Stage] | None) -> Channel:
         return value if isinstance(value, Channel) else cls(value)
 
-    def connect(self, attack: Attack) -> Channel:
-        """The run's attack acts at the chain's attack position."""
+    def connect(self, attack: Attack, rule_stages: list[Stage] = ()) -> Channel:
+        """The run's attack acts at the chain's attack position; `rule_stages`, the stages the aggregator's rule
+        consists of (FedCAMS's compression: `Aggregator.channel_stages`), run right after it, numbered after the
+        listed stages. Refusals (`check`) look at the listed stages only."""
         self.attack.attack = attack
+        new = [s for s in rule_stages if all(s is not t for t in self.stages)]
+        at = self.chain.index(self.attack) + 1
+        self.chain[at:at] = new
+        self.stages += new
+        self.rule_stages += new
+        self.names += [type(s).__name__.lower() for s in new]
         return self
 
     def check(self, setup: Setup) -> None:
+        """Refuse, before training, listed stages the aggregator cannot take; each stage checks the setup."""
         rule = setup.rule
-        if rule.compresses_uploads and any(not s.privatises for s in self.stages):
+        listed = [s for s in self.stages if all(s is not t for t in self.rule_stages)]
+        if rule.compresses_uploads and any(not s.privatises for s in listed):
             twin = rule.same_uncompressed
             once = f"use {twin} channel={self.shown} to compress once, in the channel, or channel=none" if twin else \
                 "use channel=none"

@@ -17,12 +17,12 @@ from fedagg.clients.store import ClientStore
 
 
 class ErrorFeedback(Stage):
-    def __init__(self, inner: Stage, report_as: str | None = None) -> None:
-        """`report_as`: a metrics.csv column for the mean ‖e_k‖ of the round's clients after it (none by default)."""
-        self.inner, self.report_as = inner, report_as
+    def __init__(self, inner: Stage, measure: bool = False) -> None:
+        """`measure`: keep `held_back`, the mean ‖e_k‖ of the round's clients after it (FedCAMS reports it)."""
+        self.inner, self.measure = inner, measure
         self.memory = ErrorMemory()
         self.privatises, self.needs_uniform_mean = inner.privatises, inner.needs_uniform_mean
-        self.last: dict[str, float] = {}
+        self.held_back: float | None = None
 
     def client(self, rows: Tensor, up: Upload, g: torch.Generator) -> Tensor:
         u = rows + torch.stack([self.memory.get(i, rows[0]) for i in up.ids])  # u = e_k + Δ_k
@@ -30,8 +30,8 @@ class ErrorFeedback(Stage):
         residual = u - sent
         for i, e in zip(up.ids, residual):
             self.memory.put(i, e)  # e_k ← u − C(u)
-        if self.report_as is not None:
-            self.last = {self.report_as: float(torch.linalg.vector_norm(residual, dim=1).mean())}
+        if self.measure:
+            self.held_back = float(torch.linalg.vector_norm(residual, dim=1).mean())
         return sent
 
     def server(self, mean: Tensor, up: Upload, g: torch.Generator) -> Tensor:
@@ -51,7 +51,7 @@ class ErrorFeedback(Stage):
         self.inner.check(setup)
 
     def metrics(self) -> dict[str, float]:
-        return {**self.inner.metrics(), **self.last}
+        return self.inner.metrics()
 
     def notes(self) -> list[str]:
         return self.inner.notes()

@@ -1,10 +1,12 @@
 """Client-level differential privacy (`channel=dp`; DP-FedAvg, McMahan et al. 2018).
 
-Each update is clipped, Δ_k · min(1, S/‖Δ_k‖); the server's uniform mean gets N(0, (zS/K)² I).
-The simulation adds that one noise vector to every clipped row: any mean whose weights sum
-to one (uniform: 1/K) then holds it exactly once, and the aggregator stays unaware of it.
-Server optimizers step on the noised mean (post-processing). Adaptive clipping (Andrew et
-al. 2021): S ← S · exp(−η_C (b̄ − γ)), b̄ the share of clients with ‖Δ_k‖ ≤ S plus N(0, σ_b²/K²).
+The client side clips each update, Δ_k · min(1, S/‖Δ_k‖), and each client tells whether its
+update was within S; the server side adds N(0, (zS/K)² I) once to the aggregator's uniform mean
+of the clipped updates (`Stage.server`, before the server optimizer: the optimizer's step is
+post-processing). Adaptive clipping (Andrew et al. 2021), on the server side as well:
+S ← S · exp(−η_C (b̄ − γ)), b̄ the share of clients with ‖Δ_k‖ ≤ S plus N(0, σ_b²/K²). Both
+draws come from the stage's stream generator(seed, "channel", n, round): the noise vector
+first, then the count's noise.
 
 ε after each round comes from the RDP accountant of Google's `dp-accounting` (the optional
 extra `fedagg[dp]`), each round its own Poisson-subsampled Gaussian (`fedagg.channel.accounting`)
@@ -51,7 +53,8 @@ LOWEST_CLIP, HIGHEST_CLIP = 2.0**-1000, 2.0**1000
 
 
 class DP(Stage):
-    """`channel=dp`: clip each Δ_k to S, add N(0, (zS/K)²) to the mean; ε each round."""
+    """`channel=dp`: clip each Δ_k to S (client side), add N(0, (zS/K)²) once to the mean (server side); ε each
+    round."""
 
     privatises = True
     needs_uniform_mean = True
@@ -70,6 +73,7 @@ class DP(Stage):
         self.last: dict[str, float] = {}
         self.bound_reached = False
         self.said: list[str] = []  # start-up lines (`notes`)
+        self.within = 1.0  # this round's share of clients whose update was within S (the client side's bits)
 
     @property
     def rounds(self) -> int:
@@ -123,19 +127,22 @@ class DP(Stage):
         return self.count_noise if self.count_noise is not None else k / 20
 
     def client(self, u: Tensor, up: Upload, g: torch.Generator) -> Tensor:
-        rate = up.rate
-        k, s = u.shape[0], self.clip
+        """Each row clipped to S; the share of rows within S is what the clients' bits tell the server."""
         norms = torch.linalg.vector_norm(u, dim=1, keepdim=True)
-        clipped = u * (s / norms).clamp(max=1.0)  # ‖Δ_k‖ = 0 gives inf, clamped to 1
-        noise = torch.randn(u.shape[1], generator=g, dtype=torch.float64).to(u) * (self.z * s / k)
+        self.within = float((norms <= self.clip).to(torch.float64).mean())
+        return u * (self.clip / norms).clamp(max=1.0)  # ‖Δ_k‖ = 0 gives inf, clamped to 1
+
+    def server(self, mean: Tensor, up: Upload, g: torch.Generator) -> Tensor:
+        """The uniform mean of the clipped rows with N(0, (zS/K)² I) added once; the round's release accounted."""
+        k, s = up.num_clients, self.clip
+        noise = torch.randn(mean.shape[0], generator=g, dtype=torch.float64).to(mean) * (self.z * s / k)
         if self.adaptive:
-            below = float((norms <= s).to(torch.float64).mean())
-            b = below + float(torch.randn((), generator=g, dtype=torch.float64)) * self.sigma_b(k) / k
+            b = self.within + float(torch.randn((), generator=g, dtype=torch.float64)) * self.sigma_b(k) / k
             self.clip = self.next_clip(s, b)
-        q = rate if rate is not None else (self.rate if self.rate is not None else 1.0)
+        q = up.rate if up.rate is not None else (self.rate if self.rate is not None else 1.0)
         self.accountant.compose(min(1.0, q), self.effective_multiplier(k))
         self.last = {"dp_epsilon": self.accountant.epsilon(self.delta if self.delta is not None else 1e-5), "dp_clip": s}
-        return clipped + noise
+        return mean + noise
 
     def next_clip(self, s: float, b: float) -> float:
         """S · exp(−η_C (b − γ)), kept a positive normal float (a noisy count far from γ could leave that range)."""

@@ -85,7 +85,7 @@ def connect(parts: Parts, settings: Settings) -> None:
     trainer.sensitivity = parts.aggregator.needs.sensitivity  # measured during local training when declared
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
-    parts.channel = Channel.of(parts.channel).connect(parts.attack)
+    parts.channel = Channel.of(parts.channel).connect(parts.attack, parts.aggregator.channel_stages())
     parts.channel.check(Setup(
         settings.num_clients, settings.per_round, sampleable=settings.num_clients - len(settings.held_out_ids),
         online_varies=parts.system.takes_clients_offline, rule=describe(parts.aggregator, parts.choices.get("aggregator"))))
