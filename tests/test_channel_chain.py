@@ -133,6 +133,8 @@ def test_a_compressor_after_a_privatising_stage_is_refused_and_the_attack_may_be
     with pytest.raises(ValueError, match=r"^channel=\[dp,topk\] is not allowed: topk after dp would change"):
         Channel(dp=DP(), topk=TopK())
     Channel(dp=DP(), attack=AttackPosition())  # attackers that skip clipping: the user's choice
+    with pytest.raises(ValueError, match=r"^channel=\[attackposition,topk,attackposition\] is not allowed: it places"):
+        Channel([AttackPosition(), TopK(), AttackPosition()])
 
 
 def test_channel_attack_in_a_list_runs_from_the_command_line(tmp_path):

@@ -213,6 +213,8 @@ class Channel:
             self.stages.append(stage)
             self.names.append(name)
         self.listed = names
+        if sum(isinstance(s, AttackPosition) for s in self.chain) > 1:
+            raise ValueError(f"channel={self.shown} is not allowed: it places the attack twice, and it acts once")
         if not any(isinstance(s, AttackPosition) for s in self.chain):
             first_private = next((i for i, s in enumerate(self.chain) if s.privatises), len(self.chain))
             self.chain.insert(first_private, AttackPosition())
