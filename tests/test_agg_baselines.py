@@ -60,7 +60,7 @@ def test_feddisco_clips_negative_scores_and_uses_participant_sizes():
     p = disco_reference(np64(HIST), np64(GLOBAL_HIST), np64(SAMPLES), a=1.0)
     res = run(agg, label_hist=HIST, global_label_hist=GLOBAL_HIST)
     assert p[2] == 0 and p[0] > 0 and np.allclose(res.weights.numpy(), p, atol=1e-6)
-    assert agg.take_diagnostics() == {"clipped": 1.0}  # one participant lost all its weight
+    assert res.metrics == {"clipped": 1.0}  # one participant lost all its weight
     hist2, n2 = HIST[1:], SAMPLES[1:]  # clients {1, 2}: the same global distribution, D = [1/2, 1/2]
     res = run(agg, clients=CLIENTS[1:], n=n2, ids=IDS[1:], r=2, label_hist=hist2, global_label_hist=GLOBAL_HIST)
     assert np.allclose(res.weights.numpy(), disco_reference(np64(hist2), np64(GLOBAL_HIST), np64(n2), a=1.0), atol=1e-6)
@@ -185,7 +185,7 @@ def test_feddyn_server_update_over_two_rounds_with_partial_participation():
     new1 = res.params
     h1 = np.zeros(5) - alpha / m * (np64(CLIENTS) - np64(W)).sum(0)  # h ← h − α (1/m) Σ_k Δ_k, m = all 5 clients
     assert np.allclose(agg.h.numpy(), h1, atol=1e-7)
-    assert agg.take_diagnostics() == {"h_norm": pytest.approx(np.linalg.norm(h1), rel=1e-6)}
+    assert res.metrics == {"h_norm": pytest.approx(np.linalg.norm(h1), rel=1e-6)}
     assert np.allclose(new1.numpy(), np64(CLIENTS).mean(0) - h1 / alpha, atol=1e-6)  # w ← mean_k W_k − h/α
     assert torch.allclose(res.weights, torch.full((3,), 1 / 3))
     clients2 = new1 + torch.tensor([[0.3, -0.2, 0.5, 0.1, -0.4], [-0.6, 0.9, -0.1, 0.7, 0.2]])

@@ -149,7 +149,7 @@ def test_fednova_server_step_matches_hand_computation(solver):
     assert np.allclose(new.double().numpy(), expected, atol=1e-6)
     q = p * tau_eff / a
     assert np.allclose(res.weights.double().numpy(), q / q.sum(), atol=1e-6)
-    assert agg.take_diagnostics() == pytest.approx({"tau_eff": tau_eff, "step_scale": q.sum()}, rel=1e-6)
+    assert res.metrics == pytest.approx({"tau_eff": tau_eff, "step_scale": q.sum()}, rel=1e-6)
     assert not np.allclose(q / q.sum(), p)  # the longer client really counts less
 
 
@@ -182,7 +182,7 @@ def test_fedexp_extrapolates_when_updates_disagree():
     new = res.params
     # three orthogonal unit updates: ||mean||^2 = 1/3, sum of ||Delta_k||^2 = 3, K = 3
     eta = 3 / (2 * 3 * (1 / 3 + 1e-3))
-    assert eta > 1.49 and agg.take_diagnostics() == {"server_lr": pytest.approx(eta)}
+    assert eta > 1.49 and res.metrics == {"server_lr": pytest.approx(eta)}
     assert torch.allclose(new, w + eta * torch.full((3,), 1 / 3))
     assert torch.equal(res.tested_params(), new)  # round 1: nothing earlier to average with (the code)
     assert torch.allclose(res.weights, torch.full((3,), 1 / 3))
@@ -197,7 +197,7 @@ def test_fedexp_never_steps_less_than_fedavg():
     same = torch.tensor([[0.3, -0.2, 0.1]] * 4)  # agreeing clients: the ratio is about 1/2, clipped to 1
     res = agg.aggregate(RoundInputs.of(w, same))
     new = res.params
-    assert agg.take_diagnostics() == {"server_lr": 1.0} and torch.allclose(new, same[0])
+    assert res.metrics == {"server_lr": 1.0} and torch.allclose(new, same[0])
     assert res.tested_params() is new
     with pytest.raises(ValueError, match=r"aggregator.evaluate='best' is not allowed"):
         FedExP(evaluate="best")
@@ -213,7 +213,7 @@ def test_fedexp_eps_decays_by_its_factor_every_round_from_round_one():
     agg = FedExP(eps=1 / 3, eps_decay=0.5, evaluate="global")
     res = agg.aggregate(RoundInputs.of(w, w + torch.eye(3), round=2))
     new = res.params
-    assert agg.take_diagnostics()["server_lr"] == pytest.approx(1.2, rel=1e-6)
+    assert res.metrics["server_lr"] == pytest.approx(1.2, rel=1e-6)
     torch.testing.assert_close(new, w + 0.4)
     assert FedExP(eps=1 / 3).eps_decay == 1.0  # the default keeps a fixed eps (SPEC)
 
@@ -222,11 +222,10 @@ def test_fedexp_eps_per_client_adds_k_eps_as_the_authors_code_does():
     w = torch.tensor([1.0, 1.0, 1.0])
     # K = 3, eps = 1/36: denominator 1/3 + 3/36 = 5/12, eta = 1/2 / (5/12) = 1.2 (SPEC's 1/3 + 1/36: 18/13)
     agg = FedExP(eps=1 / 36, eps_per_client=True)
-    agg.aggregate(RoundInputs.of(w, w + torch.eye(3)))
-    assert agg.take_diagnostics()["server_lr"] == pytest.approx(1.2, rel=1e-6)
+    res = agg.aggregate(RoundInputs.of(w, w + torch.eye(3)))
+    assert res.metrics["server_lr"] == pytest.approx(1.2, rel=1e-6)
     spec = FedExP(eps=1 / 36)
-    spec.aggregate(RoundInputs.of(w, w + torch.eye(3)))
-    assert spec.take_diagnostics()["server_lr"] == pytest.approx(18 / 13, rel=1e-6)
+    assert spec.aggregate(RoundInputs.of(w, w + torch.eye(3))).metrics["server_lr"] == pytest.approx(18 / 13, rel=1e-6)
 
 
 def test_fedexp_weighting_by_samples_weights_the_mean_and_the_norms():
@@ -238,7 +237,7 @@ def test_fedexp_weighting_by_samples_weights_the_mean_and_the_norms():
     agg = FedExP(eps=0.0625, weighting="samples")
     res = agg.aggregate(RoundInputs.of(w, clients, num_samples=torch.tensor([1, 3])))
     new = res.params
-    assert agg.take_diagnostics()["server_lr"] == pytest.approx(4.0, rel=1e-6)
+    assert res.metrics["server_lr"] == pytest.approx(4.0, rel=1e-6)
     torch.testing.assert_close(new, w + torch.tensor([1.0, 3.0]))
     torch.testing.assert_close(res.weights, torch.tensor([0.25, 0.75]))
 
@@ -256,7 +255,7 @@ def test_fedexp_with_every_code_reading_is_the_authors_step():
     d = deltas.double()
     mean, norm_avg = p @ d, p @ d.pow(2).sum(dim=1)
     eta = max(1.0, float(0.5 * norm_avg / (mean.pow(2).sum() + 8 * eps_code * decay**r)))
-    assert agg.take_diagnostics()["server_lr"] == pytest.approx(eta, rel=1e-5) and eta > 1
+    assert res.metrics["server_lr"] == pytest.approx(eta, rel=1e-5) and eta > 1
     torch.testing.assert_close(new.double(), w.double() + eta * mean, rtol=0, atol=1e-5)
 
 
@@ -287,10 +286,11 @@ def test_fednova_tau_eff_from_steps_with_a_proximal_term():
     code, spec = FedNova(tau_eff="steps"), FedNova()
     code_res = code.aggregate(inputs)
     torch.testing.assert_close(code_res.params, NOVA_W + torch.tensor([0.4375, 1.75, 0.0]))
-    assert code.take_diagnostics() == pytest.approx({"tau_eff": 1.75, "step_scale": 1.3125})
+    assert code_res.metrics == pytest.approx({"tau_eff": 1.75, "step_scale": 1.3125})
     torch.testing.assert_close(code_res.weights, torch.tensor([1 / 3, 2 / 3]))
-    torch.testing.assert_close(spec.aggregate(inputs).params, NOVA_W + torch.tensor([0.34375, 1.375, 0.0]))
-    assert spec.take_diagnostics()["tau_eff"] == pytest.approx(1.375)
+    spec_res = spec.aggregate(inputs)
+    torch.testing.assert_close(spec_res.params, NOVA_W + torch.tensor([0.34375, 1.375, 0.0]))
+    assert spec_res.metrics["tau_eff"] == pytest.approx(1.375)
 
 
 def test_fednova_tau_eff_from_steps_changes_nothing_without_a_proximal_term():

@@ -51,7 +51,7 @@ def test_two_rounds_match_spec(smoothing, use_sizes):
     w2 = res.params
     exp2, psi2 = reference(w1, ROUND2, SAMPLES, [0, 1, 2], 2, angles, counts, smoothing=smoothing, use_sizes=use_sizes)
     assert np.allclose(w2.numpy(), exp2, atol=1e-5) and np.allclose(res.weights.numpy(), psi2, atol=1e-6)
-    assert agg.take_diagnostics() == {"angle": pytest.approx(np.mean([angles[i] for i in (0, 1, 2)]), rel=1e-5)}
+    assert res.metrics == {"angle": pytest.approx(np.mean([angles[i] for i in (0, 1, 2)]), rel=1e-5)}
     assert not np.allclose(psi2, SAMPLES.numpy() / SAMPLES.sum().item(), atol=1e-3)  # the angles matter
 
 

@@ -80,7 +80,7 @@ def test_two_rounds_with_partial_participation_match_hand_computation(reg):
     new1 = res.params
     assert np.allclose(res.weights.numpy(), lam1, atol=1e-7)
     assert np.allclose(new1.numpy(), lam1 @ np64(CLIENTS) / lam1.sum(), atol=1e-6)  # λ from BEFORE the step
-    assert agg.take_diagnostics()["loss"] == pytest.approx(loss_and_grad(t0, np64(W), np64(CLIENTS), reg)[0], rel=1e-5)
+    assert res.metrics["loss"] == pytest.approx(loss_and_grad(t0, np64(W), np64(CLIENTS), reg)[0], rel=1e-5)
     t1 = adam(t0, np64(W), np64(CLIENTS), reg)
     assert np.allclose(np.abs(t1 - t0), LR, rtol=1e-4)  # the first Adam step moves each logit by ≈ lr
     assert np.allclose([agg.logits[i].item() for i in range(3)], t1, atol=1e-7)

@@ -78,7 +78,7 @@ def test_learns_the_known_shrink_factor_and_weights():
     agg = FedLAW(server_epochs=300, **FAST)
     res = run(agg, W_CLIENTS, Toy())
     new = res.params
-    gamma = agg.take_diagnostics()["gamma"]  # reported each round as agg_gamma
+    gamma = res.metrics["gamma"]  # reported each round as agg_gamma
     assert gamma == pytest.approx(gamma_star, abs=0.01)
     assert np.allclose(res.weights.numpy(), lam_star, atol=0.01)
     assert np.allclose(new.numpy(), np.log(Q / (1 - Q)), atol=0.01)  # γ Σ λ_k W_k with the learned values
@@ -90,7 +90,7 @@ def test_moves_all_weight_to_the_client_that_is_the_optimum():
     clients[2] = np.log(Q / (1 - Q))  # client 2 is θ* itself: γ* = 1, λ* = e_2 (a vertex, reached only in the limit)
     agg = FedLAW(server_epochs=300, server_batch_size=0, server_lr=0.05, lr_decay=1.0)
     res = run(agg, clients, Toy())
-    assert res.weights[2] > 0.9 and agg.take_diagnostics()["gamma"] == pytest.approx(1.0, abs=0.05)
+    assert res.weights[2] > 0.9 and res.metrics["gamma"] == pytest.approx(1.0, abs=0.05)
 
 
 @pytest.mark.parametrize("init, expected", [("samples", [0.25, 0.25, 0.5]), ("uniform", [1 / 3] * 3)])
@@ -99,7 +99,7 @@ def test_starts_from_fedavg_weights_and_no_shrink(init, expected):
     res = run(agg, W_CLIENTS, Toy())
     new = res.params
     assert torch.allclose(res.weights, torch.tensor(expected), atol=1e-6)
-    assert agg.take_diagnostics()["gamma"] == pytest.approx(1.0, abs=1e-6)
+    assert res.metrics["gamma"] == pytest.approx(1.0, abs=1e-6)
     assert torch.allclose(new, torch.tensor(expected) @ torch.tensor(W_CLIENTS, dtype=torch.float32), atol=1e-5)
 
 

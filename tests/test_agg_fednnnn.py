@@ -56,7 +56,7 @@ def test_stretch_restores_the_mean_norm_of_orthogonal_updates():
     agg = FedNNNN(beta=1.0, gamma=0.0)
     res = run(agg, W0, W)
     new = res.params
-    assert agg.take_diagnostics() == {"scale": pytest.approx(3**0.5)}  # beta E / N = 2 / (2 / sqrt 3)
+    assert res.metrics == {"scale": pytest.approx(3**0.5)}  # beta E / N = 2 / (2 / sqrt 3)
     mean = (W - W0).mean(dim=0)
     assert torch.allclose(torch.linalg.vector_norm(new - W0), torch.tensor(2.0))
     assert torch.allclose(new - W0, mean * 3**0.5)  # same direction as the mean update

@@ -12,6 +12,7 @@ from fedagg import RoundInputs
 from fedagg.aggregators.base import FedAvg
 from fedagg.aggregators.fedams import FedAMS, FedCAMS
 from fedagg.aggregators.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
+from uploads import through_channel
 
 W0 = np.array([0.5, -1.0, 2.0, 0.0, 1.0])
 # Client updates Delta_k per round; the last element never moves (a zero pseudo-gradient).
@@ -28,7 +29,7 @@ def run(agg, deltas=(D1, D2), ids=(IDS, IDS), samples=(SAMPLES, SAMPLES), rounds
     """Feed round r's clients as w_r + Delta; return every round's result (`params` the new global)."""
     w, outs = torch.tensor(W0, dtype=torch.float32), []
     for r, (d, i, n) in enumerate(zip(deltas, ids, samples), start=1):
-        res = agg.aggregate(RoundInputs.of(w, w + torch.tensor(d, dtype=torch.float32), num_samples=n, client_ids=i, round=r if rounds is None else rounds[r - 1]))
+        res = through_channel(agg, RoundInputs.of(w, w + torch.tensor(d, dtype=torch.float32), num_samples=n, client_ids=i, round=r if rounds is None else rounds[r - 1]))
         w = res.params
         outs.append(res)
     return outs
@@ -188,12 +189,12 @@ def test_fedcams_two_rounds(kwargs, compress):
     results = run(agg)
     for out, ref in zip(params(results), refs):
         close(out, ref)
-    assert set(agg.errors) == {0, 1, 2}
+    assert set(agg.feedback.memory.rows) == {0, 1, 2}
     for i in errors:
-        close(agg.errors[i], errors[i])
+        close(agg.feedback.memory.rows[i], errors[i])
     assert torch.allclose(results[-1].weights, torch.tensor(P_SAMPLES, dtype=torch.float32))
     held_back = np.mean([np.linalg.norm(np.asarray(errors[i], np.float64)) for i in errors])  # after round 2
-    assert agg.take_diagnostics()["error_norm"] == pytest.approx(held_back, rel=1e-5)
+    assert results[-1].metrics["error_norm"] == pytest.approx(held_back, rel=1e-5)
 
 
 @pytest.mark.parametrize("compressor, compress", [("sign", sign_c), ("topk", topk_c(2))])
@@ -205,17 +206,17 @@ def test_fedcams_partial_participation_keeps_errors_per_id(compressor, compress)
     agg = FedCAMS(compressor=compressor, ratio=0.4)
     for r, (d, i, n) in enumerate(zip((D1, D2[:2]), ids, samples), start=1):
         w = torch.tensor(W0 if r == 1 else refs[0], dtype=torch.float32)
-        res = agg.aggregate(RoundInputs.of(w, w + torch.tensor(d, dtype=torch.float32), num_samples=n, client_ids=torch.tensor(i), round=r))
+        res = through_channel(agg, RoundInputs.of(w, w + torch.tensor(d, dtype=torch.float32), num_samples=n, client_ids=torch.tensor(i), round=r))
         out = res.params
         close(out, refs[r - 1])
         if r == 1:
-            after_one = {k: e.clone() for k, e in agg.errors.items()}
-    assert set(agg.errors) == {0, 1, 2, 5}
+            after_one = {k: e.clone() for k, e in agg.feedback.memory.rows.items()}
+    assert set(agg.feedback.memory.rows) == {0, 1, 2, 5}
     for i in (0, 1):  # absent in round 2: untouched
-        assert torch.equal(agg.errors[i], after_one[i])
+        assert torch.equal(agg.feedback.memory.rows[i], after_one[i])
     for i in (2, 5):
-        close(agg.errors[i], errors[i])
-    close(agg.errors[5], D2[0] - compress(D2[0]))  # first-time treatment: nothing carried over
+        close(agg.feedback.memory.rows[i], errors[i])
+    close(agg.feedback.memory.rows[5], D2[0] - compress(D2[0]))  # first-time treatment: nothing carried over
 
 
 # --- invariants --------------------------------------------------------------------------------
@@ -238,16 +239,20 @@ def test_state_dict_round_trip_resumes_bit_identically(name):
     w0 = torch.tensor(W0, dtype=torch.float32)
     c1, c2 = (torch.tensor(d, dtype=torch.float32) for d in (D1, D2))
     first = ALL[name]()
-    first_res = first.aggregate(RoundInputs.of(w0, w0 + c1, num_samples=SAMPLES, client_ids=ids[0], round=1))
+    first_res = through_channel(first, RoundInputs.of(w0, w0 + c1, num_samples=SAMPLES, client_ids=ids[0], round=1))
     w1 = first_res.params
     buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)  # as a checkpoint would
-    first_res = first.aggregate(RoundInputs.of(w1, w1 + c2, num_samples=SAMPLES, client_ids=ids[1], round=2))
+    # as a checkpoint would: the rule's state and its channel stages' (FedCAMS's e_k)
+    torch.save({"rule": first.state_dict(), "stages": [s.state_dict() for s in first.channel_stages()]}, buffer)
+    first_res = through_channel(first, RoundInputs.of(w1, w1 + c2, num_samples=SAMPLES, client_ids=ids[1], round=2))
     expected = first_res.params
     buffer.seek(0)
     resumed = ALL[name]()
-    resumed.load_state_dict(torch.load(buffer))
-    resumed_res = resumed.aggregate(RoundInputs.of(w1, w1 + c2, num_samples=SAMPLES, client_ids=ids[1], round=2))
+    saved = torch.load(buffer)
+    resumed.load_state_dict(saved["rule"])
+    for stage, state in zip(resumed.channel_stages(), saved["stages"]):
+        stage.load_state_dict(state)
+    resumed_res = through_channel(resumed, RoundInputs.of(w1, w1 + c2, num_samples=SAMPLES, client_ids=ids[1], round=2))
     assert torch.equal(resumed_res.params, expected)
     assert torch.equal(resumed_res.weights, first_res.weights)
 

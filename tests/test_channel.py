@@ -15,17 +15,19 @@ from fedagg.attacks.base import Attack
 from fedagg.attacks.model import SignFlip
 from fedagg.channel import DP, QSGD, Channel, RandK, Setup, Sign, TopK
 from fedagg.channel.privacy import epsilon
+from fedagg.loop.assembly import describe
 from fedagg.run import train
 from conftest import compose_config
 from stopping import StopInRound2, stopped_in_round_2
+from uploads import release, through_channel, upload
 
 G = torch.Generator().manual_seed(0)
 
 
 def one_round(channel, models, ids, global_params=None, corrupted=None, attack=None, r=1):
-    w = torch.zeros(models.shape[1]) if global_params is None else global_params
-    mask = torch.zeros(len(ids), dtype=torch.bool) if corrupted is None else torch.tensor(corrupted)
-    return channel.transmit(w, models, ids, mask, attack or Attack(), seed=0, round=r)
+    """The models the aggregator receives from one round through `channel`."""
+    up = upload(*models.shape, ids=ids, corrupted=corrupted, r=r, start=global_params)
+    return channel.connect(attack or Attack()).transmit(models, up).models
 
 
 def test_topk_keeps_the_largest_magnitudes_and_breaks_ties_by_index():
@@ -86,7 +88,7 @@ def test_error_feedback_over_two_rounds_is_kept_by_client_id():
     # round 2, listed in another order: u_7 = e_7 + Δ = (0.5, 1.2, 0.1, 1.5)
     second = one_round(channel, torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.5, 0.2, 0.1, 1.0]]), [2, 7], r=2)
     torch.testing.assert_close(second[1], torch.tensor([0.0, 1.2, 0.0, 1.5]))
-    torch.testing.assert_close(channel.errors[0].get(7, torch.zeros(4)), torch.tensor([0.5, 0.0, 0.1, 0.0]))
+    torch.testing.assert_close(channel.stages[0].memory.get(7, torch.zeros(4)), torch.tensor([0.5, 0.0, 0.1, 0.0]))
     resumed = Channel([TopK(ratio=0.5)])
     resumed.load_state_dict(state)
     again = one_round(resumed, torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.5, 0.2, 0.1, 1.0]]), [2, 7], r=2)
@@ -102,21 +104,21 @@ def test_none_passes_the_models_and_the_attack_acts_on_what_the_channel_sends():
     assert torch.equal(got, torch.tensor([[-1.5, 1.5, -1.5, 0.0], [0.5, 0.5, 0.5, 0.5]]))
 
 
-def test_dp_clips_and_adds_one_noise_vector_of_the_stated_deviation():
+def test_dp_clips_the_rows_and_adds_one_noise_vector_of_the_stated_deviation_to_the_mean():
     dp = DP(noise_multiplier=1.0, clip=1.0)
     u = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
-    got = dp.privatise(u, torch.Generator().manual_seed(3))
-    noise = got - torch.tensor([[0.6, 0.8], [0.3, 0.4]])  # clipped to ‖·‖ = 1; the short one untouched
-    torch.testing.assert_close(noise[0], noise[1], rtol=0, atol=1e-6)  # a mean with weights summing to 1 gets it once
+    rows, mean = release(dp, u, torch.Generator().manual_seed(3))
+    # clipped to ‖·‖ = 1, the short one untouched, no noise on the rows
+    torch.testing.assert_close(rows, torch.tensor([[0.6, 0.8], [0.3, 0.4]]), rtol=0, atol=1e-7)
     k, p = 4, 40000
-    big = DP(noise_multiplier=2.0, clip=0.5).privatise(torch.zeros(k, p), torch.Generator().manual_seed(4))
+    _, big = release(DP(noise_multiplier=2.0, clip=0.5), torch.zeros(k, p), torch.Generator().manual_seed(4))
     sd = 2.0 * 0.5 / k
-    assert abs(float(big[0].std()) - sd) < 5 * sd / math.sqrt(2 * p)  # z S / K, within 5 standard errors
+    assert abs(float(big.std()) - sd) < 5 * sd / math.sqrt(2 * p)  # z S / K, within 5 standard errors
 
 
 def test_adaptive_clipping_follows_the_clipped_share():
     dp = DP(noise_multiplier=1.0, clip=1.0, adaptive=True, target_quantile=0.25, count_noise=1e-4)
-    dp.privatise(torch.tensor([[0.5, 0.0], [2.0, 0.0], [3.0, 0.0], [0.9, 0.0]]), G)  # 2 of 4 within S
+    release(dp, torch.tensor([[0.5, 0.0], [2.0, 0.0], [3.0, 0.0], [0.9, 0.0]]), G)  # 2 of 4 within S
     assert dp.clip == pytest.approx(math.exp(-0.2 * (0.5 - 0.25)), rel=1e-4)  # the count noise: sd 0.2 * 1e-4 / 4
     assert dp.metrics()["dp_clip"] == 1.0  # the bound this round used
     assert DP(adaptive=True, count_noise=2.0).effective_multiplier(10) == pytest.approx((1 + 0.25) ** -0.5)
@@ -135,11 +137,11 @@ def test_accountant_epsilon():
 
 def test_dp_is_refused_with_a_rule_that_is_not_a_fixed_weighted_mean():
     with pytest.raises(ValueError, match=r"^channel=dp is not allowed with aggregator Krum: its rule is not a weighted"):
-        DP().check(Krum(), Setup(100, 10))
+        DP().check(Setup(100, 10, rule=describe(Krum())))
     with pytest.raises(ValueError, match=r"^aggregator.weighting=samples is not allowed with channel=dp"):
-        DP().check(FedAvg(), Setup(100, 10))
+        DP().check(Setup(100, 10, rule=describe(FedAvg())))
     dp = DP()
-    dp.check(FedAvg(weighting="uniform"), Setup(100, 10))
+    dp.check(Setup(100, 10, rule=describe(FedAvg(weighting="uniform"))))
     assert dp.rate == 0.1 and dp.delta == pytest.approx(100**-1.1)
 
 
@@ -174,18 +176,32 @@ def test_fedcams_is_fedams_after_the_channel_with_error_feedback(options, stage)
     for r, (ids, samples) in enumerate(rounds, start=1):
         deltas = torch.randn(len(ids), 30, generator=gen)
         n, i = torch.tensor(samples), torch.tensor(ids)
-        w_fedcams = fedcams.aggregate(RoundInputs.of(w_fedcams, w_fedcams + deltas, num_samples=n, client_ids=i,
-                                                     round=r)).params
+        w_fedcams = through_channel(fedcams, RoundInputs.of(w_fedcams, w_fedcams + deltas, num_samples=n,
+                                                             client_ids=i, round=r)).params
         sent = one_round(channel, w_channel + deltas, ids, global_params=w_channel, r=r)
         w_channel = fedams.aggregate(RoundInputs.of(w_channel, sent, num_samples=n, client_ids=i, round=r)).params
-        # w + c_k - w is c_k to rounding: the two paths agree far below a step of lr * m / sqrt(v_hat) ~ 0.1
-        torch.testing.assert_close(w_channel, w_fedcams, rtol=0, atol=1e-5)
+        # FedCAMS's compression is the channel's stage: the same operations in the same order
+        assert torch.equal(w_channel, w_fedcams)
         assert not torch.allclose(w_fedcams, w, atol=1e-2)  # it moved
         w = w_fedcams
-    assert set(fedcams.errors) == {0, 1, 2, 5}
-    for i in fedcams.errors:
-        torch.testing.assert_close(channel.errors[0].get(i, w), fedcams.errors[i], rtol=0, atol=1e-5)
+    errors = fedcams.feedback.memory
+    assert set(errors.rows) == {0, 1, 2, 5}
+    for i in errors.rows:
+        assert torch.equal(channel.stages[0].memory.get(i, w), errors.get(i, w))
     assert fedcams.bits(4810).up == channel.bits_up(4810) and fedcams.bits(30).up == channel.bits_up(30)
+
+
+def test_fedcams_runs_as_fedams_with_the_channel_compressing_after_the_attack(tmp_path):
+    from fedagg import run_experiment
+
+    common = ["rounds=2", "device=cpu", "attack=sign_flip", "aggregator.lr=0.1"]
+    run_experiment([*common, "aggregator=fedcams"], tmp_path / "fedcams")
+    run_experiment([*common, "aggregator=fedams", "channel=[attack,sign]"], tmp_path / "fedams")
+    cams, ams = _rows(tmp_path / "fedcams" / "metrics.csv"), _rows(tmp_path / "fedams" / "metrics.csv")
+    assert [{k: v for k, v in r.items() if k != "agg_error_norm"} for r in cams] == ams
+    assert all(float(r["agg_error_norm"]) > 0 for r in cams)
+    a, b = torch.load(tmp_path / "fedcams" / "model.pt"), torch.load(tmp_path / "fedams" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _rows(path):
@@ -199,9 +215,9 @@ class FedCAMSStopInRound2(StopInRound2, FedCAMS):
 
 @pytest.mark.parametrize("overrides, errors_at, folder", [
     (["channel=topk", "channel.topk.ratio=0.05", "aggregator._target_=stopping.StopInRound2"],
-     lambda ckpt: ckpt["channel"]["errors"][0], "channel_0_errors"),
+     lambda ckpt: ckpt["channel"]["stages"][0]["errors"], "channel_0_errors"),
     pytest.param(["aggregator=fedcams", "aggregator.compressor=topk", f"aggregator._target_={__name__}.FedCAMSStopInRound2"],
-                 lambda ckpt: ckpt["aggregator"]["errors"], "fedcams_errors", marks=pytest.mark.slow),
+                 lambda ckpt: ckpt["channel"]["stages"][0]["errors"], "channel_0_errors", marks=pytest.mark.slow),
 ], ids=["channel_topk", "fedcams_topk"])
 def test_error_feedback_resumes_exactly_from_a_checkpoint_with_its_rows_in_files(tmp_path, monkeypatch, overrides,
                                                                                 errors_at, folder):
@@ -227,8 +243,9 @@ def test_error_memories_load_checkpoints_written_before_the_store():
     old = {3: torch.tensor([1.0, -2.0]), 8: torch.tensor([0.5, 0.0])}  # {client id: e_k}, as pickled before
     channel = Channel([Sign()])
     channel.load_state_dict({"stages": [{}], "errors": [old]})
-    assert torch.equal(channel.errors[0].get(3, torch.zeros(2)), torch.tensor([1.0, -2.0]))
-    assert torch.equal(channel.errors[0].get(4, torch.zeros(2)), torch.zeros(2))  # never seen: zeros
-    fedcams = FedCAMS()
+    assert torch.equal(channel.stages[0].memory.get(3, torch.zeros(2)), torch.tensor([1.0, -2.0]))
+    assert torch.equal(channel.stages[0].memory.get(4, torch.zeros(2)), torch.zeros(2))  # never seen: zeros
+    fedcams = FedCAMS()  # before the chain, FedCAMS kept its e_k itself: they move to its stage
     fedcams.load_state_dict({**fedcams.state_dict(), "errors": old})
-    assert sorted(fedcams.errors) == [3, 8] and torch.equal(fedcams.errors[8], torch.tensor([0.5, 0.0]))
+    errors = fedcams.feedback.memory
+    assert sorted(errors.rows) == [3, 8] and torch.equal(errors.get(8, torch.zeros(2)), torch.tensor([0.5, 0.0]))

@@ -12,9 +12,10 @@ from conftest import ROOT
 from fedagg import run_experiment
 from fedagg.aggregators.fedams import FedCAMS
 from fedagg.channel import DP, QSGD, Channel, Setup, TopK
+from fedagg.loop.assembly import describe
 from fedagg.run import SetupError, explain_composition_error
 
-OPTIONS = "dp, none, qsgd, randk, sign, topk"
+OPTIONS = "attack, dp, none, qsgd, randk, sign, topk"
 
 
 def refused(tmp_path, *overrides):
@@ -27,9 +28,9 @@ def refused(tmp_path, *overrides):
     return str(err.value)
 
 
-def test_an_order_other_than_the_one_run_is_refused_saying_the_order_that_runs(tmp_path):
-    line = ("channel=[dp,topk] is not allowed: the stages run compressors first, then the attack, then dp; write "
-            "channel=[topk,dp]")
+def test_a_compressor_after_dp_is_refused_saying_the_order_that_runs(tmp_path):
+    line = ("channel=[dp,topk] is not allowed: topk after dp would change the clipped updates dp's noise is scaled "
+            "for; write channel=[topk,dp]")
     assert refused(tmp_path, "channel=[dp,topk]", "aggregator.weighting=uniform") == line
     with pytest.raises(ValueError) as err:
         Channel([DP(), TopK()])  # from Python alike
@@ -87,7 +88,7 @@ def test_fedcams_is_refused_under_a_compressing_channel_and_with_dp_in_the_users
     assert refused(tmp_path, "aggregator=krum", "channel=dp").startswith(
         "channel=dp is not allowed with aggregator=krum: its rule is not a weighted mean")
     with pytest.raises(ValueError, match=r"^channel=topk is not allowed with aggregator FedCAMS: "):
-        Channel([TopK()]).check(FedCAMS(), Setup(10, 10))  # from Python: the class is named
+        Channel([TopK()]).check(Setup(10, 10, rule=describe(FedCAMS())))  # from Python: the class is named
 
 
 def test_dp_takes_the_uniform_mean_unless_the_user_chose_a_weighting(tmp_path, caplog):

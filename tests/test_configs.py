@@ -40,7 +40,8 @@ def test_option_composes_and_instantiates(group, option):
     elif group == "attack":
         assert isinstance(obj, Attack)
     elif group == "channel":
-        assert isinstance(obj, Channel) and len(obj.stages) == (option != "none")
+        # `attack` names only the attack's place, which every chain has
+        assert isinstance(obj, Channel) and len(obj.stages) == (option not in ("none", "attack"))
     elif group in ("dataset", "partition"):
         assert callable(obj)  # partials: the loader needs data.root, the partition needs labels
     else:

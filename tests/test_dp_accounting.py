@@ -16,10 +16,12 @@ from dp_accounting.rdp import RdpAccountant  # noqa: E402
 
 from conftest import compose_config  # noqa: E402
 from stopping import stopped_in_round_2  # noqa: E402
+from uploads import release  # noqa: E402
 from fedagg import run_experiment  # noqa: E402
 from fedagg.aggregators.base import FedAvg  # noqa: E402
 from fedagg.channel import DP, Setup  # noqa: E402
 from fedagg.channel.privacy import HIGHEST_CLIP, LOWEST_CLIP  # noqa: E402
+from fedagg.loop.assembly import describe  # noqa: E402
 from fedagg.results.runs import read_run  # noqa: E402
 from fedagg.run import SetupError, train  # noqa: E402
 from fedagg.system.availability import Availability  # noqa: E402
@@ -130,12 +132,12 @@ def test_a_resumed_run_continues_the_accountant_exactly(tmp_path):
 
 def test_a_checkpoint_from_before_the_events_counts_its_rounds_as_the_configured_event():
     dp = DP(adaptive=True)
-    dp.check(FedAvg(weighting="uniform"), Setup(10, 5))
+    dp.check(Setup(10, 5, rule=describe(FedAvg(weighting="uniform"))))
     dp.load_state_dict({"clip": 0.8, "rounds": 3})  # all such a checkpoint kept
     assert dp.clip == 0.8 and dp.rounds == 3
     old = (0.5, adaptive_multiplier(5))
     assert dp.accountant.epsilon(dp.delta) == pytest.approx(by_hand([old] * 3)[-1], rel=1e-9)
-    dp.privatise(torch.ones(4, 3), torch.Generator().manual_seed(0), 0.5)  # a round with 4 reporters
+    release(dp, torch.ones(4, 3), torch.Generator().manual_seed(0), 0.5)  # a round with 4 reporters
     assert dp.metrics()["dp_epsilon"] == pytest.approx(by_hand([old] * 3 + [(0.5, adaptive_multiplier(4))])[-1],
                                                        rel=1e-9)
 
@@ -169,11 +171,11 @@ def test_values_that_break_the_mathematics_are_refused_before_round_1(tmp_path, 
 def test_the_adaptive_bound_stays_a_positive_number_whatever_the_noisy_count_says():
     # the widest settings allowed: a count noise of 10^4 at K = 1 moves b by thousands, exp(10 * that) overflows
     dp = DP(adaptive=True, count_noise=1e4, clip_lr=10.0)
-    dp.check(FedAvg(weighting="uniform"), Setup(10, 1))
+    dp.check(Setup(10, 1, rule=describe(FedAvg(weighting="uniform"))))
     g = torch.Generator().manual_seed(0)
     clips = []
     for _ in range(20):
-        dp.privatise(torch.ones(1, 3), g, 0.1)
+        release(dp, torch.ones(1, 3), g, 0.1)
         clips.append(dp.clip)
     assert all(LOWEST_CLIP <= c <= HIGHEST_CLIP for c in clips)
     assert {LOWEST_CLIP, HIGHEST_CLIP} & set(clips)  # it reached a bound rather than 0 or inf

@@ -89,7 +89,7 @@ def test_weights_csv_and_spread_columns_for_fedavg(tmp_path):
 def test_diagnostics_on_hand_made_updates():
     old = torch.zeros(2)
     clients = torch.tensor([[3.0, 4.0], [0.0, 0.0]])  # ||d_1|| = 5, ||d_2|| = 0
-    d = round_diagnostics(old, torch.tensor([1.5, 2.0]), clients, torch.tensor([0.5, 0.5]))
+    d = round_diagnostics(RoundInputs.of(old, clients), torch.tensor([1.5, 2.0]), torch.tensor([0.5, 0.5]))
     assert d["update_norm"] == pytest.approx(2.5) and d["client_update_norm"] == pytest.approx(2.5)
     assert weight_spread(torch.tensor([1.0, 0.0]))["weight_entropy"] == 0.0  # 0 log 0 = 0, not NaN
     assert weight_spread(torch.full((4,), 0.25))["weight_entropy"] == pytest.approx(math.log(4))
@@ -191,8 +191,7 @@ class ReportsRound(Aggregator):
     """Reports its round and participant count each round."""
 
     def client_weights(self, inputs: RoundInputs):
-        self.report(round=inputs.round, clients=inputs.num_clients)
-        return super().client_weights(inputs)
+        return super().client_weights(inputs), {"round": inputs.round, "clients": inputs.num_clients}
 
 
 class RecordingTracker:

@@ -1,26 +1,32 @@
 """The aggregator contract, with FedAvg semantics as the base (DESIGN "Aggregator").
 
-A method overrides one step: `client_weights(inputs)` (how clients are weighted) or
-`server_update(inputs, update)` (how the weighted mean update is applied). `aggregate`
-ties them together and returns an `AggregateResult`: the new parameters and the weights it
-used, which the round loop uses for BatchNorm buffers, the `client_update_norm` diagnostic
-and `weights.csv`. A method whose rule is not "weights, then one update" overrides
-`aggregate` itself and returns its weights the same way ([K], summing to 1; element-wise
-rules report each client's mean weight). The result is returned, never left on the object,
-so that a method cannot forget to report its weights and have the loop show another's.
+The round hands a method its participants' updates (`inputs.updates`, Δ_k against the model
+each client started from; `fedagg.aggregators.inputs`). `aggregate` runs three steps:
+
+    weights = client_weights(inputs)                  # [K], how clients are weighted
+    mean    = inputs.arrived_mean(weighted_update(weights, inputs))   # sum_k p_k Δ_k, then the
+                                                      # upload channel's server side (DP's noise)
+    params  = server_update(inputs, mean)             # how the mean update is applied
+
+and a method overrides the one step it changes. A step returns its value, or `(value,
+{"name": number})` to add per-round diagnostics (a learned factor, a loss): they come back
+in `AggregateResult.metrics` and land in `metrics.csv` as `agg_<name>` columns. A method
+whose rule is not "weights, then one update" overrides `aggregate` itself and returns its
+weights and metrics the same way ([K], summing to 1; element-wise rules report each client's
+mean weight). Everything is returned, never left on the object, so that a method cannot
+forget to report its weights and have the loop show another's.
 
 What a method needs beyond the always-present fields of `RoundInputs` it declares in
 `needs`; what a participant receives and sends, in bits, in `bits(num_params)` (dense 32-bit
-parameters here; a method that compresses or sends more overrides it); per-round scalars worth plotting (a learned factor, a loss) it passes to
-`report(...)`, and they land in `metrics.csv` as `agg_<name>` columns. State that must
+parameters here; a method that compresses or sends more overrides it). State that must
 survive a resume goes in `state_dict()`; per-client state is keyed by the client's global
 id (`inputs.client_ids`), never by its position in this round's sample.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Literal, get_args
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, TypeVar, get_args
 
 import torch
 from torch import Tensor
@@ -44,18 +50,31 @@ class AggregateResult:
     buffer_weights: [K] or [K, B] weights for the BatchNorm buffers; None: `weights`.
     evaluated: [P] the parameters the test set scores, when the method's paper scores
     another model than `params` (FedNNNN's plain average); None: `params`.
+    metrics: the round's diagnostics by name (FedExP's server rate): `agg_<name>` columns of metrics.csv.
     """
 
     params: Tensor
     weights: Tensor
     buffer_weights: Tensor | None = None
     evaluated: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def weights_for_buffers(self) -> Tensor:
         return self.weights if self.buffer_weights is None else self.buffer_weights
 
     def tested_params(self) -> Tensor:
         return self.params if self.evaluated is None else self.evaluated
+
+
+T = TypeVar("T")
+
+
+def measured(value: T | tuple[T, dict[str, float]]) -> tuple[T, dict[str, float]]:
+    """(a step's value, its diagnostics as floats): a step returns its value alone or with a dict of them."""
+    if isinstance(value, tuple):
+        value, metrics = value
+        return value, {k: float(v) for k, v in metrics.items()}
+    return value, {}
 
 
 def sample_weights(num_samples: Tensor) -> Tensor:
@@ -77,7 +96,6 @@ class Aggregator(metaclass=Named):
     # `same_uncompressed` names the option that is the rule without its own compression, as the user types it
     compresses_uploads: ClassVar[bool] = False
     same_uncompressed: ClassVar[str] = ""
-    _reported: dict[str, float] | None = None
 
     @checked("aggregator.")
     def __init__(self, weighting: Weighting = "samples") -> None:
@@ -92,33 +110,31 @@ class Aggregator(metaclass=Named):
         score) are not counted: a few words next to a model."""
         return Bits(down=dense(num_params), up=dense(num_params))
 
-    def client_weights(self, inputs: RoundInputs) -> Tensor:
-        """[K] non-negative weights summing to 1."""
+    def client_weights(self, inputs: RoundInputs) -> Tensor | tuple[Tensor, dict[str, float]]:
+        """[K] non-negative weights summing to 1 (with diagnostics, if any: see the module)."""
         if self.weighting == "uniform":
             k = inputs.num_clients
             return torch.full((k,), 1.0 / k, device=inputs.num_samples.device)
         return sample_weights(inputs.num_samples)
 
-    def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
-        """Apply the weighted mean update sum_k p_k Delta_k to the global parameters."""
+    def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor | tuple[Tensor, dict[str, float]]:
+        """Apply the weighted mean update sum_k p_k Delta_k (after the channel's server side) to the global
+        parameters (with diagnostics, if any: see the module)."""
         return inputs.global_params + update
 
     def aggregate(self, inputs: RoundInputs) -> AggregateResult:
-        """The new global parameters [P] and the weights [K] that made them (buffers follow the weights)."""
-        weights = self.client_weights(inputs).to(inputs.client_params.dtype)
-        update = weighted_update(weights, inputs.client_params, inputs.global_params, inputs.block_rows)
-        return AggregateResult(self.server_update(inputs, update), weights)
+        """The new global parameters [P], the weights [K] that made them (buffers follow the weights) and the
+        steps' diagnostics."""
+        weights, metrics = measured(self.client_weights(inputs))
+        weights = weights.to(inputs.client_params.dtype)
+        update = inputs.arrived_mean(weighted_update(weights, inputs))
+        params, more = measured(self.server_update(inputs, update))
+        return AggregateResult(params, weights, metrics={**metrics, **more})
 
-    def report(self, **scalars: float) -> None:
-        """Record per-round diagnostics; the loop writes them as `agg_<name>` columns."""
-        if self._reported is None:
-            self._reported = {}
-        self._reported.update({k: float(v) for k, v in scalars.items()})
-
-    def take_diagnostics(self) -> dict[str, float]:
-        """What `report` recorded since the last call (the loop calls this once per round)."""
-        taken, self._reported = self._reported or {}, None
-        return taken
+    def channel_stages(self) -> list:
+        """Upload-channel stages (fedagg.channel) the rule consists of, such as FedCAMS's compression with error
+        feedback: the run's assembly puts them in the channel right after the attack. None by default."""
+        return []
 
     def client_stores(self) -> dict[str, ClientStore]:
         """Per-client state the server half keeps by client id (fedagg/clients/store.py), by name: the run

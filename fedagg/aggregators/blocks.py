@@ -1,9 +1,9 @@
 """Round-wide arithmetic on the participants' [K, P] in blocks, so temporaries stay small.
 
 The round's [K, P] of trained models is the one round-wide tensor the contract hands an
-aggregator. Anything computed from it (the updates W_k - w, EWWA-FL's moments and weights,
-FedCAMS's corrected updates) would be another [K, P] for each temporary: with a ResNet-18
-and 100 clients, 4.4 GB each. `RoundInputs.block_rows` says how many clients' worth of
+aggregator. Anything computed from it (the updates Delta_k when a rule needs them all at once,
+`RoundInputs.updates`, EWWA-FL's moments and weights) would be another [K, P] for each
+temporary: with a ResNet-18 and 100 clients, 4.4 GB each. `RoundInputs.block_rows` says how many clients' worth of
 parameters a temporary may hold (the engine's clients in memory: `engine.chunk_size`, one
 for the sequential engine), and these helpers cut the work accordingly:
 
@@ -22,8 +22,13 @@ are equal up to float rounding, which is what the tests check.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from fedagg.aggregators.inputs import RoundInputs
 
 ALIGN = 64  # elements; see the module doc
 
@@ -47,16 +52,16 @@ def row_blocks(num_rows: int, block_rows: int | None) -> list[slice]:
     return [slice(start, min(start + block_rows, num_rows)) for start in range(0, num_rows, block_rows)]
 
 
-def weighted_update(weights: Tensor, client_params: Tensor, global_params: Tensor,
-                    block_rows: int | None) -> Tensor:
-    """sum_k weights_k (W_k - w) [P], with [K, P] temporaries cut to column blocks."""
-    update = global_params.new_empty(global_params.shape)
-    for cols in column_blocks(*client_params.shape, block_rows):
-        update[cols] = weights @ (client_params[:, cols] - global_params[cols])
+def weighted_update(weights: Tensor, inputs: RoundInputs) -> Tensor:
+    """sum_k weights_k Delta_k [P], Delta_k against each client's start (`RoundInputs.update_block`), with
+    [K, P] temporaries cut to column blocks."""
+    update = inputs.global_params.new_empty(inputs.global_params.shape)
+    for cols in column_blocks(*inputs.client_params.shape, inputs.block_rows):
+        update[cols] = weights @ inputs.update_block(cols=cols)
     return update
 
 
-def update_norms(client_params: Tensor, global_params: Tensor, block_rows: int | None) -> Tensor:
-    """||W_k - w|| for every client [K], a row block at a time."""
-    return torch.cat([torch.linalg.vector_norm(client_params[rows] - global_params, dim=1)
-                      for rows in row_blocks(client_params.shape[0], block_rows)])
+def update_norms(inputs: RoundInputs) -> Tensor:
+    """||Delta_k|| for every client [K], a row block at a time."""
+    return torch.cat([torch.linalg.vector_norm(inputs.update_block(rows), dim=1)
+                      for rows in row_blocks(inputs.num_clients, inputs.block_rows)])

@@ -22,8 +22,7 @@ from typing import Annotated, Literal
 
 import torch
 
-from fedagg.aggregators.base import AggregateResult, Aggregator, Weighting
-from fedagg.aggregators.blocks import weighted_update
+from fedagg.aggregators.base import Aggregator, Weighting
 from fedagg.aggregators.inputs import Bits, Needs, RoundInputs, dense
 from fedagg.clients.sensitivity import Sensitivity
 from fedagg.config.constraints import Range, Tune, checked
@@ -63,9 +62,6 @@ class Elastic(Aggregator):
         sizes = [s.stop - s.start for s in inputs.layout.slices]
         return per_tensor.repeat_interleave(torch.tensor(sizes, device=per_tensor.device))
 
-    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
-        weights = self.client_weights(inputs).to(inputs.client_params.dtype)
-        update = weighted_update(weights, inputs.client_params, inputs.global_params, inputs.block_rows)
-        zeta = self.zeta(inputs, weights)
-        self.report(zeta_mean=float(zeta.mean()), zeta_min=float(zeta.min()))
-        return AggregateResult(inputs.global_params + zeta * update, weights)
+    def server_update(self, inputs: RoundInputs, update: torch.Tensor):
+        zeta = self.zeta(inputs, self.client_weights(inputs).to(inputs.client_params.dtype))
+        return inputs.global_params + zeta * update, {"zeta_mean": zeta.mean(), "zeta_min": zeta.min()}

@@ -171,8 +171,7 @@ class EWWA(Aggregator):
             buffer_weights = torch.empty_like(buffer_weights).index_copy_(0, order, buffer_weights)
         else:
             buffer_weights = sample_weights(inputs.num_samples)
-        self.report(**sample.quantiles())
-        return AggregateResult(new, weights, buffer_weights=buffer_weights)
+        return AggregateResult(new, weights, buffer_weights=buffer_weights, metrics=sample.quantiles())
 
     def state_dict(self) -> dict:
         clone = (lambda t: None if t is None else t.detach().clone())

@@ -30,10 +30,10 @@ class FedAdp(Aggregator):
         self.angles: dict[int, Tensor] = {}  # client id -> smoothed angle (radians, 0-d)
         self.counts: dict[int, int] = {}  # client id -> rounds it took part in
 
-    def client_weights(self, inputs: RoundInputs) -> Tensor:
-        w, W, r, num_samples = inputs.global_params, inputs.client_params, inputs.round, inputs.num_samples
+    def client_weights(self, inputs: RoundInputs) -> tuple[Tensor, dict[str, float]]:
+        W, r, num_samples = inputs.client_params, inputs.round, inputs.num_samples
         ids = [int(i) for i in inputs.client_ids.tolist()]
-        delta = W - w
+        delta = inputs.updates
         g = sample_weights(num_samples).to(W.dtype) @ delta  # Alg. 1 line 9 (sign does not change the angle)
         denom = torch.linalg.vector_norm(delta, dim=1) * torch.linalg.vector_norm(g)
         # eq. 7; a zero norm has no direction, SPEC sets its angle to 0
@@ -50,11 +50,12 @@ class FedAdp(Aggregator):
         for i, s in zip(ids, smoothed):
             self.angles[i] = s.clone()
 
-        self.report(angle=float(smoothed.mean()))  # radians: how far the participants point from the mean update
         a = self.alpha
         f = a * (1 - torch.exp(-torch.exp(-a * (smoothed - 1))))  # eq. 9 (Gompertz)
         n = num_samples.to(W.dtype) if self.use_sizes else torch.ones_like(f)
-        return torch.softmax(f + torch.log(n), dim=0)  # eq. 10: n e^f / sum n e^f, safe for large alpha
+        # eq. 10: n e^f / sum n e^f, safe for large alpha; the angle (radians): how far the participants point
+        # from the mean update
+        return torch.softmax(f + torch.log(n), dim=0), {"angle": smoothed.mean()}
 
     def state_dict(self) -> dict:
         return {"angles": {i: s.clone() for i, s in self.angles.items()}, "counts": dict(self.counts)}

@@ -4,10 +4,11 @@ FedAMS (their Algorithm 1) is FedAdam with AMSGrad's max stabilization: the deno
 uses v_hat = max(v_hat, v, eps), which never shrinks, so the server step can only get
 more cautious, and eps (v_hat's start) bounds the step by lr * |m| / sqrt(eps).
 FedCAMS (their Algorithm 2) adds compressed uploads with error feedback: each client id
-keeps the part of its update the compressor dropped and adds it to its next update. Its
-compressors are the upload channel's, so it equals `aggregator=fedams channel=sign` (or
-topk with rounding=floor) to rounding; it compresses what a corrupted client sends after the
-attack, where the channel compresses before it.
+keeps the part of its update the compressor dropped and adds it to its next update. That
+client side is the upload channel's: FedCAMS declares ErrorFeedback(Sign()) (or TopK with
+rounding=floor) as its channel stages, placed right after the attack, so it is
+`aggregator=fedams channel=[attack,sign]` (or topk with rounding=floor), bit for bit; with the
+default `channel=sign` the channel compresses before the attack instead.
 With `bias_correction: true` (the authors' code) m is divided by 1 - b1^r and v_hat by
 1 - b2^r in the step only; the max is taken over the uncorrected v, as in that code.
 """
@@ -19,12 +20,12 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
-from fedagg.aggregators.base import AggregateResult, Weighting
+from fedagg.aggregators.base import Weighting
 from fedagg.aggregators.fedopt import Beta, FedAdam, Rate
-from fedagg.aggregators.blocks import row_blocks
 from fedagg.aggregators.inputs import Bits, RoundInputs, dense
+from fedagg.channel.base import Stage
 from fedagg.channel.compress import Sign, TopK
-from fedagg.clients.store import ClientStore
+from fedagg.channel.feedback import ErrorFeedback
 from fedagg.config.constraints import Flag, Range, checked
 
 # eps > 0 is what keeps sqrt(v_hat) away from 0 when g is all zeros
@@ -65,7 +66,9 @@ class FedAMS(FedAdam):
 
 
 class FedCAMS(FedAMS):
-    """`conf/aggregator/fedcams.yaml`: FedAMS on g = sum_k p_k C(Delta_k + e_k), error feedback per client id."""
+    """`conf/aggregator/fedcams.yaml`: FedAMS on g = sum_k p_k C(Delta_k + e_k), error feedback per client id: the
+    compression is the upload channel's ErrorFeedback(Sign()) or ErrorFeedback(TopK(rounding=floor)), which the
+    rule declares (`channel_stages`) and the run puts right after the attack (Alg. 2, client side)."""
 
     weighted_mean = False  # it compresses inside: channel=dp would clip what it then changes
     compresses_uploads = True
@@ -87,41 +90,21 @@ class FedCAMS(FedAMS):
         self.compressor, self.ratio = compressor, float(ratio)
         # the upload channel's compressors (one implementation); top-k rounds rho * P down, as the reference code
         self.stage = Sign(error_feedback=False) if compressor == "sign" else TopK(ratio=ratio, error_feedback=False, rounding="floor")
-        self.errors = ClientStore()  # client id -> [P] error e_k (CPU), bounded in memory; absent: e_k = 0
+        self.feedback = ErrorFeedback(self.stage, measure=True)  # e_k by client id; absent: e_k = 0
 
-    def compress(self, x: Tensor) -> Tensor:
-        """C applied to each row of x [K, P] on its own (deterministic: the generator is unused)."""
-        return self.stage.compress(x, None)
+    def channel_stages(self) -> list[Stage]:
+        return [self.feedback]
 
-    def client_stores(self) -> dict[str, ClientStore]:
-        """Its per-client errors by a folder name: the run loop attaches them to the run directory."""
-        return {"fedcams_errors": self.errors}
-
-    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
-        global_params, client_params = inputs.global_params, inputs.client_params
-        weights = self.client_weights(inputs).to(client_params.dtype)
-        ids = [int(i) for i in inputs.client_ids.tolist()]
-        update, norms = None, []
-        for rows in row_blocks(len(ids), inputs.block_rows):  # each client's compression is its own: a block of rows
-            errors = torch.stack([self.errors[i].to(global_params.device) if i in self.errors
-                                  else torch.zeros_like(global_params) for i in ids[rows]])
-            corrected = client_params[rows] - global_params + errors  # Delta_k + e_k
-            sent = self.compress(corrected)  # c_k = C(Delta_k + e_k) (Alg. 2, client)
-            residual = corrected - sent  # e_k <- Delta_k + e_k - c_k (Alg. 2, client)
-            for i, e in zip(ids[rows], residual):
-                self.errors.put(i, e)  # on the host, own storage (a row view would keep it alive)
-            norms.append(torch.linalg.vector_norm(residual, dim=1))
-            part = weights[rows] @ sent
-            update = part if update is None else update + part
-        self.report(error_norm=float(torch.cat(norms).mean()))  # what compression held back
-        return AggregateResult(self.server_update(inputs, update), weights)  # FedAMS on sum_k p_k c_k
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "errors": self.errors.state_dict()}
+    def server_update(self, inputs: RoundInputs, update: Tensor):
+        """FedAMS on sum_k p_k c_k; error_norm: the mean ||e_k|| compression held back this round."""
+        new = super().server_update(inputs, update)
+        held = self.feedback.held_back
+        return (new, {"error_norm": held}) if held is not None else new
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.errors.load_state_dict(state["errors"])  # a checkpoint's {id: tensor} from before the store loads too
+        if "errors" in state:  # a checkpoint from before the chain kept e_k here ({id: tensor} or a store's state)
+            self.feedback.memory.load_state_dict(state["errors"])
 
     def bits(self, num_params: int) -> Bits:
         """Down: the dense global model. Up, as SPEC's upload channel counts it: sign sends one bit per entry

@@ -90,7 +90,7 @@ class FedAWA(Aggregator):
         ids = [int(i) for i in inputs.client_ids.tolist()]
         T0 = self.participant_logits(ids, inputs.all_num_samples, len(layers), client_params.device)
         lam = torch.softmax(T0, dim=0)  # [K, L] weights used for this round's aggregate
-        tau = client_params - global_params  # client vectors τ_k = Δ_k (Eq. 1)
+        tau = inputs.updates  # client vectors τ_k = Δ_k (Eq. 1)
         drift = self.drift(global_params, client_params, layers)
         T = T0.clone().requires_grad_(True)
         opt = self.optimizer(T)  # fresh each round (Algorithm 1)
@@ -101,7 +101,7 @@ class FedAWA(Aggregator):
                 loss.backward()
                 opt.step()
                 if step == 0:
-                    self.report(loss=float(loss.detach()))
+                    metrics = {"loss": float(loss.detach())}
         T = T.detach()
         for k, cid in enumerate(ids):
             self.logits[cid] = T[k].clone()
@@ -114,7 +114,7 @@ class FedAWA(Aggregator):
         if self.gamma != 1.0:
             new *= self.gamma  # the authors' code's `gamma` ("vector_scale"), 1 there by default; buffers too
         # buffers: λ, scaled by `gamma` as the authors' code scales every entry of the state, statistics included
-        return AggregateResult(new, weights, buffer_weights=self.gamma * weights)
+        return AggregateResult(new, weights, buffer_weights=self.gamma * weights, metrics=metrics)
 
     def optimizer(self, T: Tensor) -> torch.optim.Optimizer:
         if self.server_optimizer == "sgd":

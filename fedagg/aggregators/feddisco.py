@@ -40,7 +40,7 @@ class FedDisco(Aggregator):
         self.a, self.b = float(a), float(b)
         self.reference, self.discrepancy = reference, discrepancy
 
-    def client_weights(self, inputs: RoundInputs) -> Tensor:
+    def client_weights(self, inputs: RoundInputs) -> tuple[Tensor, dict[str, float]]:
         hist, global_hist = inputs.need("label_hist"), inputs.need("global_label_hist")
         device = inputs.client_params.device
         counts = hist.to(device=device, dtype=torch.float32)
@@ -54,10 +54,10 @@ class FedDisco(Aggregator):
         d = self._discrepancy(local, target)
         D = sample_weights(inputs.num_samples).to(device)  # D_k over this round's participants
         score = torch.relu(D - self.a * d + self.b)  # discrepancy-aware weight before normalising
-        self.report(clipped=float((score == 0).sum()))  # participants whose discrepancy cost them all weight
         total = score.sum()
-        # every score clipped to 0 (only with a large a or a negative b): fall back to data size, FedAvg
-        return torch.where(total > 0, score / torch.where(total > 0, total, 1.0), D)
+        # every score clipped to 0 (only with a large a or a negative b): fall back to data size, FedAvg;
+        # clipped: the participants whose discrepancy cost them all weight
+        return torch.where(total > 0, score / torch.where(total > 0, total, 1.0), D), {"clipped": (score == 0).sum()}
 
     def _discrepancy(self, local: Tensor, target: Tensor) -> Tensor:
         """d_k for every participant: [K] from label distributions [K, C] and the reference [C]."""

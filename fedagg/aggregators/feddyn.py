@@ -77,12 +77,13 @@ class FedDyn(Aggregator):
         global_params, client_params = inputs.global_params, inputs.client_params
         m_total = inputs.all_num_samples.numel()
         h = torch.zeros_like(global_params) if self.h is None else self.h.to(global_params.device)
-        update_sum = (client_params - global_params).sum(dim=0)  # Σ_{k∈P} Δ_k
+        update_sum = inputs.updates.sum(dim=0)  # Σ_{k∈P} Δ_k
         self.h = h - self.alpha / m_total * update_sum  # Algorithm 1: h^t = h^{t-1} − α (1/m) Σ_k (θ_k^t − θ^{t-1})
         k = client_params.shape[0]
         weights = torch.full((k,), 1.0 / k, device=client_params.device, dtype=client_params.dtype)
-        self.report(h_norm=float(torch.linalg.vector_norm(self.h)))
-        return AggregateResult(client_params.mean(dim=0) - self.h / self.alpha, weights)  # θ^t = (1/|P|) Σ_k θ_k^t − h^t/α
+        # θ^t = (1/|P|) Σ_k θ_k^t − h^t/α
+        return AggregateResult(client_params.mean(dim=0) - self.h / self.alpha, weights,
+                               metrics={"h_norm": float(torch.linalg.vector_norm(self.h))})
 
     def state_dict(self) -> dict:
         return {"h": None if self.h is None else self.h.clone()}

@@ -45,9 +45,9 @@ class FedExP(Aggregator):
         self.eps_decay, self.eps_per_client = float(eps_decay), eps_per_client
         self.previous: Tensor | None = None  # this round's starting model, for the tested mean
 
-    def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
+    def server_update(self, inputs: RoundInputs, update: Tensor) -> tuple[Tensor, dict[str, float]]:
         k = inputs.num_clients
-        norms2 = update_norms(inputs.client_params, inputs.global_params, inputs.block_rows).pow(2)  # ‖Δ_k‖²
+        norms2 = update_norms(inputs).pow(2)  # ‖Δ_k‖²
         eps = self.eps * self.eps_decay**inputs.round  # round r uses ε d^r: the code decays before each round
         if self.eps_per_client:
             eps = k * eps  # the code's ‖Δ̄‖² + S ε
@@ -55,10 +55,9 @@ class FedExP(Aggregator):
             lr = torch.clamp(norms2.sum() / (2 * k * (update.pow(2).sum() + eps)), min=1.0)
         else:  # Σ_k p_k ‖Δ_k‖² / (2 (‖Δ̄‖² + ε)), p the data shares the mean update used
             lr = torch.clamp((self.client_weights(inputs).to(update.dtype) * norms2).sum() / (2 * (update.pow(2).sum() + eps)), min=1.0)
-        self.report(server_lr=float(lr))
         # round 1 has no earlier global model: the code scores the model after the round
         self.previous = inputs.global_params if inputs.round > 1 else None
-        return inputs.global_params + lr * update
+        return inputs.global_params + lr * update, {"server_lr": lr}
 
     def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         result = super().aggregate(inputs)

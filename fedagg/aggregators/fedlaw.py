@@ -97,5 +97,5 @@ class FedLAW(Aggregator):
         finally:
             model.train(was_training)
         lam, gamma = torch.softmax(x.detach(), dim=0), g.detach().exp()
-        self.report(gamma=float(gamma), loss=float(epoch_loss))
-        return AggregateResult(gamma * (lam @ W), lam)  # new global γ Σ_k λ_k W_k with the learned values
+        # new global γ Σ_k λ_k W_k with the learned values
+        return AggregateResult(gamma * (lam @ W), lam, metrics={"gamma": float(gamma), "loss": float(epoch_loss)})

@@ -45,17 +45,18 @@ class FedNNNN(Aggregator):
     def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         global_params, client_params = inputs.global_params, inputs.client_params
         p = self.client_weights(inputs).to(client_params.dtype)
-        delta = client_params - global_params  # eq. 2
+        delta = inputs.updates  # eq. 2
         a = p @ delta  # the FedAvg update
         average = global_params + a  # eq. 1: the model the paper evaluates (protocol step 5)
         n = torch.linalg.vector_norm(a)  # N, eq. 4
         e = p @ torch.linalg.vector_norm(delta, dim=1)  # E, eq. 5
         d = torch.zeros_like(global_params) if self.momentum is None else self.momentum.to(global_params)
         scale = self.scale(e, n)
-        self.report(scale=float(scale))  # beta E / N: how far the mean update is stretched
         self.momentum = self.gamma * d + scale * a  # eq. 12 (Alg. 3 line 11)
         new = global_params + self.momentum  # eq. 13 (Alg. 3 line 12)
-        return AggregateResult(new, p, evaluated=average if self.evaluate == "average" else None)
+        # beta E / N: how far the mean update is stretched
+        return AggregateResult(new, p, evaluated=average if self.evaluate == "average" else None,
+                               metrics={"scale": float(scale)})
 
     def state_dict(self) -> dict:
         return {"momentum": None if self.momentum is None else self.momentum.clone()}

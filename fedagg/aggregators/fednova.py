@@ -85,14 +85,14 @@ class FedNova(Aggregator):
         ratio = (p * (t / a[:, None])).sum(dim=1) / (p * torch.ones_like(a)[:, None]).sum(dim=1)
         q = (p * ratio).to(inputs.client_params.dtype)  # [K] effective weights, summing to τ_eff Σ p_k / a_k
         weights = q / q.sum()
-        self.report(tau_eff=float((p * t).sum() / p.sum()), step_scale=float(q.sum()))
-        update = weighted_update(q, inputs.client_params, inputs.global_params, inputs.block_rows)
+        metrics = {"tau_eff": float((p * t).sum() / p.sum()), "step_scale": float(q.sum())}
+        update = weighted_update(q, inputs)
         if self.gmf == 0:
-            return AggregateResult(inputs.global_params + update, weights)
+            return AggregateResult(inputs.global_params + update, weights, metrics=metrics)
         # the code's buffer holds U / η_l (its cum_grad over the local lr); the step multiplies η_l back
         scaled = update / lr
         self.velocity = scaled if self.velocity is None else self.gmf * self.velocity.to(scaled) + scaled
-        return AggregateResult(inputs.global_params + lr * self.velocity, weights)
+        return AggregateResult(inputs.global_params + lr * self.velocity, weights, metrics=metrics)
 
     def state_dict(self) -> dict:
         return {} if self.velocity is None else {"velocity": self.velocity.clone()}

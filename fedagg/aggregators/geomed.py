@@ -43,5 +43,4 @@ class GeoMed(RobustRule):
     def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
         alpha = num_samples / num_samples.sum()
         median, steps = weiszfeld(models - inputs.global_params, alpha, self.nu, self.max_iter, self.tol)
-        self.report(weiszfeld_steps=steps)
-        return inputs.global_params + median, uniform(models.shape[0], models)
+        return inputs.global_params + median, uniform(models.shape[0], models), {"weiszfeld_steps": steps}

@@ -1,5 +1,14 @@
 """What a round hands its aggregator (`RoundInputs`) and what a method declares it needs (`Needs`).
 
+The contract is the participants' updates: `inputs.updates` [K, P] holds each client's
+update Δ_k = W_k − s_k against the model s_k it started from (`start_params`: the global
+model in a synchronous round, [P]; one start per client, [K, P], where clients started at
+different server versions). It is computed when first read and kept for the round, so a
+rule that never reads it costs no second [K, P]; the block helpers of
+`fedagg.aggregators.blocks` compute the same Δ a block at a time (`update_block`), so a
+rule has one definition of Δ whichever it uses. `client_params` stays available for rules
+defined on the models themselves (medians, Krum, layer-wise cosines).
+
 Every aggregator gets the always-present fields. Anything more it declares once, in its
 `needs`, and the round loop's one provider (`fedagg.loop.inputs`) fills exactly those
 optional fields; nothing in the loop asks a method anything else. A field that was not
@@ -9,7 +18,8 @@ declared stays None, and `inputs.need(name)` says so in one line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, get_args
+from functools import cached_property
+from typing import TYPE_CHECKING, Callable, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -112,10 +122,34 @@ class RoundInputs:
     sensitivity: Tensor | None = None  # [K, P] (or [K, L] per tensor) Needs.sensitivity
     # a round-wide temporary may hold block_rows clients' worth of parameters (fedagg.aggregators.blocks); None: all K
     block_rows: int | None = None
+    # the model(s) the clients started from: [P] (every client from one model) or [K, P]; None: global_params
+    start_params: Tensor | None = None
+    # the upload channel's server side (DP's noise, a compressor's decoding): what the weighted mean update
+    # sum_k p_k Delta_k becomes before the server step (the base `Aggregator.aggregate` applies it); None: as it is
+    on_mean: Callable[[Tensor], Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if self.start_params is None:
+            object.__setattr__(self, "start_params", self.global_params)
 
     @property
     def num_clients(self) -> int:
         return self.client_params.shape[0]
+
+    @cached_property
+    def updates(self) -> Tensor:
+        """[K, P] Δ_k = W_k − s_k, each client's update against the model it started from (computed once)."""
+        return self.update_block()
+
+    def update_block(self, rows: slice = slice(None), cols: slice = slice(None)) -> Tensor:
+        """Δ for these rows and columns, a fresh contiguous tensor: client_params[rows, cols] − start (the one
+        definition of an update; `updates` is the whole of it)."""
+        start = self.start_params
+        return self.client_params[rows, cols] - (start[cols] if start.dim() == 1 else start[rows, cols])
+
+    def arrived_mean(self, mean_update: Tensor) -> Tensor:
+        """The weighted mean update after the channel's server side (`on_mean`): what the server step applies."""
+        return mean_update if self.on_mean is None else self.on_mean(mean_update)
 
     def need(self, name: str):
         """The optional field `name`, or a clear error when the method forgot to declare it."""

@@ -53,11 +53,12 @@ class RobustRule(Aggregator):
                              f"one bucket would hold every client of a round and the rule would be their plain mean; "
                              f"use a bucket_size below {k}, or 1 for no bucketing")
 
-    def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
-        """(new global [P], the weight each of the B models counted with [B], summing to 1)."""
+    def combine(self, inputs: RoundInputs, models: Tensor, num_samples: Tensor) -> tuple:
+        """(new global [P], the weight each of the B models counted with [B], summing to 1), and optionally the
+        round's diagnostics as a third element ({"name": number}: `agg_<name>` columns)."""
         raise NotImplementedError
 
-    def combine_models(self, inputs: RoundInputs, models, num_samples: Tensor) -> tuple[Tensor, Tensor]:
+    def combine_models(self, inputs: RoundInputs, models, num_samples: Tensor) -> tuple:
         """`combine` on the round's models, which `models(cols)` gives for a column range; a rule that
         works per coordinate overrides this to go through the columns in blocks (CoordinateWise)."""
         return self.combine(inputs, models(slice(None)), num_samples)
@@ -77,10 +78,11 @@ class RobustRule(Aggregator):
             block = inputs.client_params[:, cols][order]
             return block if members is None else members @ block
 
-        new, weights = self.combine_models(inputs, models, n)
+        new, weights, *metrics = self.combine_models(inputs, models, n)
         if members is not None:
             weights = weights @ members  # a bucket's weight, shared by its members
-        return AggregateResult(new, torch.empty_like(weights).index_copy_(0, order, weights))
+        return AggregateResult(new, torch.empty_like(weights).index_copy_(0, order, weights),
+                               metrics={k: float(v) for m in metrics for k, v in m.items()})
 
 
 class CoordinateWise(RobustRule):

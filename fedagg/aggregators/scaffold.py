@@ -74,12 +74,11 @@ class Scaffold(Aggregator):
         """Twice the dense model each way: down w and c, up the trained model and Δc_k."""
         return Bits(down=2 * dense(num_params), up=2 * dense(num_params), beside_model=dense(num_params))
 
-    def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
+    def server_update(self, inputs: RoundInputs, update: Tensor) -> tuple[Tensor, dict[str, float]]:
         delta_c = inputs.payloads["delta_c"]
         c = torch.zeros_like(inputs.global_params) if self.client.c is None else self.client.c
         self.client.c = c + delta_c.sum(dim=0) / inputs.all_num_samples.numel()  # sent to the next round's clients
-        self.report(variate_norm=float(torch.linalg.vector_norm(self.client.c)))
-        return inputs.global_params + self.lr * update
+        return inputs.global_params + self.lr * update, {"variate_norm": torch.linalg.vector_norm(self.client.c)}
 
     def state_dict(self) -> dict:
         return {"c": None if self.client.c is None else self.client.c.clone()}

@@ -1,29 +1,51 @@
-"""The channel: an ordered chain of stages between local training and the aggregator.
+"""The channel: a chain of stages between local training and the aggregator, run in list order.
 
-A round's participants send Δ_k = W_k − w. The chain runs, in this order: the compressors as
-listed (each on what the one before sent, with its own error feedback by client id), then
-the corrupted clients' model attack, which replaces what those clients would have sent
-through the honest channel, then the privacy stage (clipping and noise) as listed. The
-aggregator receives w + (what arrived) for each client. `channel=none` is the empty chain:
-the models pass unchanged, bit for bit. The stages run in that order whatever order a list gives
-them in, so a list in another order is refused rather than silently reordered.
+A round's participants send their updates Δ_k (against the model each started from). Every
+stage has a client side, run on the round's rows in the order the list gives (`Stage.client`:
+the [K, P] rows, with `Upload`, the round's context: client ids, the corrupted mask, seed,
+round, the sampling rate); a stage may also have a server side (`Stage.server`), run once on
+the aggregated mean update [P] after the aggregator's weighted mean and before its server step
+(DP's noise, a compressor's decoding). Server sides run in the reverse of the list order, as a
+decoder undoes the encoders it follows: the last client side's server side first, so DP's
+noise lands on what DP clipped and a decoding listed before it is post-processing.
+
+The corrupted clients' model attack is a position in the chain (`channel=[attack,topk]`): it
+replaces what those clients send at that point, on the models. Where the list does not name it,
+it runs after the compressors and before the first privatising stage. A compressor after a
+privatising stage is refused: the noise is scaled for the clipped update, which the compressor
+would change. Error feedback is a wrapper of any compressor (`ErrorFeedback`, fedagg.channel.
+feedback); a compressor whose options say `error_feedback: true` is wrapped by the chain.
+
+`channel=none` is the attack alone: the models pass unchanged, bit for bit. This package imports
+nothing from `fedagg.aggregators`: the stages check the aggregator through `Rule`, a plain
+description the run's assembly builds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 import torch
 from torch import Tensor
 
-from fedagg.channel.errors import ErrorMemory
 from fedagg.data.seeding import generator
 
 if TYPE_CHECKING:
-    from fedagg.aggregators.base import Aggregator
-    from fedagg.clients.store import ClientStore
     from fedagg.attacks.base import Attack
+    from fedagg.clients.store import ClientStore
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The aggregator as the stages check it, built by the run's assembly (`fedagg.loop.assembly.describe`)."""
+
+    shown: str = "aggregator FedAvg"  # as the user typed it ("aggregator=fedcams"), else its class
+    weighting: str = "samples"  # samples | uniform
+    # a server step on sum_k p_k Δ_k with p fixed before any update is seen: noise on that mean is all it reveals
+    weighted_mean: bool = False
+    compresses_uploads: bool = False  # the rule's own stages compress every upload (FedCAMS)
+    same_uncompressed: str = ""  # the option that is the rule without its own compression, as the user types it
 
 
 @dataclass(frozen=True)
@@ -34,39 +56,62 @@ class Setup:
     per_round: int  # K, the clients sampled a round
     sampleable: int | None = None  # the clients that can be sampled (N less eval.held_out_clients); None: N
     online_varies: bool = False  # a system takes clients offline: a round samples K of those online then
-    aggregator: str = ""  # as the user typed it ("aggregator=fedcams"); "": the class's name is shown
+    rule: Rule = Rule()
 
     @property
     def pool(self) -> int:
         return self.num_clients if self.sampleable is None else self.sampleable
 
-    def named(self, aggregator: Aggregator) -> str:
-        return self.aggregator or f"aggregator {type(aggregator).__name__}"
+
+@dataclass(frozen=True)
+class Upload:
+    """One round's upload, as every stage sees it."""
+
+    start: Tensor  # [P] the model the clients started from ([K, P]: one per client)
+    ids: tuple[int, ...]  # the reporting clients' global ids, in row order
+    corrupted: Tensor  # [K] bool: the rows the attack replaces
+    seed: int
+    round: int  # 1-based
+    pool: int  # N: the clients that can be sampled
+    rate: float | None = None  # the chance a client that could be sampled this round was; None: K / pool
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.ids)
 
 
 class Stage:
-    """A compressor: `compress(u [K, P], g) -> [K, P]` row by row; `bits_up(P)` per client. A privatising stage
-    (`privatises`) runs after the attack instead, `privatise(u, g, rate)` on the round's rows."""
+    """One stage of the chain. `client(rows [K, P], up, g)` is its client side, on each client's row (the updates,
+    or the models for a stage `on = "models"`); `server(mean [P], up, g)` its server side, on the aggregated mean
+    update (none unless overridden). `g` is the stage's own stream this round, `generator(seed, "channel", n,
+    round)` with n its place among the listed stages, the same object for both sides. Per-client state goes in
+    `client_stores()` (kept by client id, attached to the run folder) and `state_dict()`."""
 
-    error_feedback = False
-    privatises = False  # True: acts after the attack, on every row (clipping, noise)
+    on: ClassVar[str] = "updates"  # what `client` receives and returns: "updates" (Δ_k) or "models"
+    privatises: ClassVar[bool] = False  # True: clipping and noise; only privatising stages may follow it
     # True: its noise is scaled for the uniform mean of the updates (the edge picks aggregator.weighting=uniform
     # when the user did not choose a weighting)
     needs_uniform_mean: ClassVar[bool] = False
 
-    def compress(self, u: Tensor, g: torch.Generator) -> Tensor:
-        raise NotImplementedError
+    def client(self, rows: Tensor, up: Upload, g: torch.Generator) -> Tensor:
+        return rows
 
-    def privatise(self, u: Tensor, g: torch.Generator, rate: float | None = None) -> Tensor:
-        """The rows a privatising stage releases; `rate`: the round's sampling rate (None: K over the pool)."""
-        raise NotImplementedError
+    def server(self, mean: Tensor, up: Upload, g: torch.Generator) -> Tensor:
+        return mean
+
+    @property
+    def has_server_side(self) -> bool:
+        return type(self).server is not Stage.server
+
+    def stream(self, up: Upload, n: int) -> torch.Generator:
+        return generator(up.seed, "channel", n, up.round)
 
     def bits_up(self, num_params: int) -> int | None:
         """What one client uploads after this stage; None: as much as it received."""
         return None
 
-    def check(self, aggregator: Aggregator, setup: Setup) -> None:
-        """Refuse, before training, an aggregator this stage is not defined with."""
+    def check(self, setup: Setup) -> None:
+        """Refuse, before training, an aggregator or a setup this stage is not defined with."""
 
     def metrics(self) -> dict[str, float]:
         """Per-round values for metrics.csv (and, the latest, summary.json): epsilon, the clipping bound."""
@@ -76,6 +121,10 @@ class Stage:
         """Lines for the start of the run, once `check` has accepted the setup (what the stage assumes, costs)."""
         return []
 
+    def client_stores(self) -> dict[str, ClientStore]:
+        """Per-client state by a name (`ClientStore`, kept by client id): the run attaches each to its folder."""
+        return {}
+
     def state_dict(self) -> dict:
         return {}
 
@@ -83,72 +132,166 @@ class Stage:
         pass
 
 
+class Compressor(Stage):
+    """A compressor C(u) on each client's row u, `compress(u [K, P], g) -> [K, P]`. `error_feedback`: the chain
+    wraps it in `ErrorFeedback` (the YAML option of `channel=topk` and the others)."""
+
+    error_feedback: bool = False
+
+    def compress(self, u: Tensor, g: torch.Generator) -> Tensor:
+        raise NotImplementedError
+
+    def client(self, rows: Tensor, up: Upload, g: torch.Generator) -> Tensor:
+        return self.compress(rows, g)
+
+
+class AttackPosition(Stage):
+    """`channel=[attack,...]`: where the corrupted clients' model attack (the `attack` group) replaces what those
+    clients send, on the models. Not listed: after the compressors, before the first privatising stage."""
+
+    on = "models"
+
+    def __init__(self) -> None:
+        self.attack: Attack | None = None  # the run's attack, set by `Channel.connect`; None: nobody is corrupted
+
+    def client(self, rows: Tensor, up: Upload, g: torch.Generator) -> Tensor:
+        if self.attack is None or not bool(up.corrupted.any()):
+            return rows
+        return self.attack.corrupt(up.start, rows, up.corrupted, g)
+
+    def stream(self, up: Upload, n: int) -> torch.Generator:
+        return generator(up.seed, "attack", up.round)
+
+
+class ServerSide:
+    """The chain's server sides for one round, as one callable on the aggregated mean update [P]
+    (`RoundInputs.on_mean`): in reverse list order, each with the stream its client side used."""
+
+    def __init__(self, steps: list[tuple[Stage, torch.Generator]], up: Upload) -> None:
+        self.steps, self.up, self.applied = steps, up, False
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.steps)
+
+    def __call__(self, mean: Tensor) -> Tensor:
+        if self.applied:
+            raise RuntimeError("the channel's server side was applied twice in one round")
+        self.applied = True
+        for stage, g in reversed(self.steps):
+            mean = stage.server(mean, self.up, g)
+        return mean
+
+
+@dataclass(frozen=True)
+class Arrived:
+    """What reaches the server: the models [K, P] the aggregator receives, and the server sides for their mean."""
+
+    models: Tensor
+    on_mean: Callable[[Tensor], Tensor]
+
+
 class Channel:
     def __init__(self, stages: list[Stage] | None = None, **named: Stage) -> None:
-        """`Channel([TopK(), DP()])` from Python; Hydra's `channel=[topk,dp]` passes them by name, in that order."""
-        self.stages: list[Stage] = [*(stages or []), *named.values()]
-        self.names = [type(s).__name__.lower() for s in stages or []] + list(named)
-        order = [s.privatises for s in self.stages]
-        if order != sorted(order):  # a privatising stage before a compressor
-            runs = [n for n, s in zip(self.names, self.stages) if not s.privatises]
-            runs += [n for n, s in zip(self.names, self.stages) if s.privatises]
-            raise ValueError(f"channel={self.shown} is not allowed: the stages run compressors first, then the attack, "
-                             f"then {', '.join(n for n, s in zip(self.names, self.stages) if s.privatises)}; write "
-                             f"channel=[{','.join(runs)}]")
-        self.errors = [ErrorMemory() if s.error_feedback else None for s in self.stages]
+        """`Channel([TopK(), DP()])` from Python; Hydra's `channel=[topk,dp]` passes them by name, in that order.
+        `AttackPosition()` (`attack` in a list) places the attack; a compressor with `error_feedback` is wrapped."""
+        from fedagg.channel.feedback import ErrorFeedback  # a wrapper of this module's stages
+
+        listed = [*(stages or []), *named.values()]
+        names = [type(s).__name__.lower() for s in stages or []] + list(named)
+        self.chain: list[Stage] = []  # the run order: every stage and the attack
+        self.stages: list[Stage] = []  # the listed stages without the attack: stage n draws from stream n
+        self.names: list[str] = []
+        self.rule_stages: list[Stage] = []  # the aggregator's own (`connect`), after the listed ones in `stages`
+        for name, stage in zip(names, listed):
+            if isinstance(stage, AttackPosition):
+                self.chain.append(stage)
+                continue
+            if isinstance(stage, Compressor) and stage.error_feedback:
+                stage = ErrorFeedback(stage)
+            self.chain.append(stage)
+            self.stages.append(stage)
+            self.names.append(name)
+        self.listed = names
+        if sum(isinstance(s, AttackPosition) for s in self.chain) > 1:
+            raise ValueError(f"channel={self.shown} is not allowed: it places the attack twice, and it acts once")
+        if not any(isinstance(s, AttackPosition) for s in self.chain):
+            first_private = next((i for i, s in enumerate(self.chain) if s.privatises), len(self.chain))
+            self.chain.insert(first_private, AttackPosition())
+        private = [name for name, s in zip(names, listed) if s.privatises]
+        for i, stage in enumerate(self.chain):
+            if not stage.privatises and stage.on != "models" and any(s.privatises for s in self.chain[:i]):
+                after = self.names[self.stages.index(stage)]
+                runs = [n for n, s in zip(names, listed) if not s.privatises] + private
+                raise ValueError(f"channel={self.shown} is not allowed: {after} after {private[0]} would change the "
+                                 f"clipped updates {private[0]}'s noise is scaled for; "
+                                 f"write channel=[{','.join(runs)}]")
 
     @property
     def shown(self) -> str:
         """The channel as the command line writes it: none, topk, [topk,dp]."""
-        return "none" if not self.names else self.names[0] if len(self.names) == 1 else f"[{','.join(self.names)}]"
+        names = self.listed
+        return "none" if not names else names[0] if len(names) == 1 else f"[{','.join(names)}]"
+
+    @property
+    def attack(self) -> AttackPosition:
+        return next(s for s in self.chain if isinstance(s, AttackPosition))
 
     @classmethod
     def of(cls, value: Channel | list[Stage] | None) -> Channel:
         return value if isinstance(value, Channel) else cls(value)
 
-    def check(self, aggregator: Aggregator, setup: Setup) -> None:
-        if aggregator.compresses_uploads and any(not s.privatises for s in self.stages):
-            twin = aggregator.same_uncompressed
+    def connect(self, attack: Attack, rule_stages: list[Stage] = ()) -> Channel:
+        """The run's attack acts at the chain's attack position; `rule_stages`, the stages the aggregator's rule
+        consists of (FedCAMS's compression: `Aggregator.channel_stages`), run right after it, numbered after the
+        listed stages. Refusals (`check`) look at the listed stages only."""
+        self.attack.attack = attack
+        new = [s for s in rule_stages if all(s is not t for t in self.stages)]
+        at = self.chain.index(self.attack) + 1
+        self.chain[at:at] = new
+        self.stages += new
+        self.rule_stages += new
+        self.names += [type(s).__name__.lower() for s in new]
+        return self
+
+    def check(self, setup: Setup) -> None:
+        """Refuse, before training, listed stages the aggregator cannot take; each stage checks the setup."""
+        rule = setup.rule
+        listed = [s for s in self.stages if all(s is not t for t in self.rule_stages)]
+        if rule.compresses_uploads and any(not s.privatises for s in listed):
+            twin = rule.same_uncompressed
             once = f"use {twin} channel={self.shown} to compress once, in the channel, or channel=none" if twin else \
                 "use channel=none"
-            raise ValueError(f"channel={self.shown} is not allowed with {setup.named(aggregator)}: it compresses every "
+            raise ValueError(f"channel={self.shown} is not allowed with {rule.shown}: it compresses every "
                              f"upload itself, so they would be compressed twice; {once}")
         for s in self.stages:
-            s.check(aggregator, setup)
+            s.check(setup)
 
     def bits_up(self, num_params: int) -> int | None:
         """Bits one client uploads: the last compressor's count; None (the aggregator's own) without one."""
         counts = [s.bits_up(num_params) for s in self.stages if s.bits_up(num_params) is not None]
         return counts[-1] if counts else None
 
-    def transmit(self, global_params: Tensor, client_params: Tensor, ids: list[int], corrupted: Tensor,
-                 attack: Attack, seed: int, round: int, rate: float | None = None) -> Tensor:
-        """What the aggregator receives [K, P] from the round's clients `ids` (`corrupted` [K] marks attackers);
-        `rate`: the chance a client that could be sampled this round was (for the privacy accountant).
-        Stages that are absent leave the models as they are, bit for bit."""
-        models = client_params
-        compressors = [(n, s, m) for n, (s, m) in enumerate(zip(self.stages, self.errors)) if not s.privatises]
-        if compressors:
-            sent = models - global_params  # Δ_k
-            for n, stage, memory in compressors:
-                g = generator(seed, "channel", n, round)
-                if memory is None:
-                    sent = stage.compress(sent, g)
-                    continue
-                u = sent + torch.stack([memory.get(i, global_params) for i in ids])  # u = e_k + Δ_k
-                sent = stage.compress(u, g)
-                for i, e in zip(ids, u - sent):
-                    memory.put(i, e)  # e_k ← u − C(u)
-            models = global_params + sent
-        if bool(corrupted.any()):  # the attack replaces what the honest channel would have sent
-            models = attack.corrupt(global_params, models, corrupted, generator(seed, "attack", round))
-        private = [(n, s) for n, s in enumerate(self.stages) if s.privatises]
-        if private:
-            sent = models - global_params
-            for n, stage in private:
-                sent = stage.privatise(sent, generator(seed, "channel", n, round), rate)
-            models = global_params + sent
-        return models
+    def transmit(self, client_params: Tensor, up: Upload) -> Arrived:
+        """What the aggregator receives [K, P] from the round's clients (`up.ids`; `up.corrupted` marks attackers)
+        and the server sides for its mean. The rows become updates (client_params − up.start) before the first
+        stage on updates and models again after the last, and models for the attack; a chain of the attack alone
+        leaves the models as they are, bit for bit."""
+        rows, form = client_params, "models"
+        steps = []
+        for stage in self.chain:
+            n = next((i for i, s in enumerate(self.stages) if s is stage), -1)
+            g = stage.stream(up, n)
+            if stage.on == "models" and form == "updates":
+                rows, form = up.start + rows, "models"
+            elif stage.on != "models" and form == "models":
+                rows, form = rows - up.start, "updates"
+            rows = stage.client(rows, up, g)
+            if stage.has_server_side:
+                steps.append((stage, g))
+        if form == "updates":
+            rows = up.start + rows
+        return Arrived(rows, ServerSide(steps, up))
 
     def metrics(self) -> dict[str, float]:
         return {k: v for s in self.stages for k, v in s.metrics().items()}
@@ -157,18 +300,19 @@ class Channel:
         return [note for s in self.stages for note in s.notes()]
 
     def client_stores(self) -> dict[str, ClientStore]:
-        """Each error-feedback stage's memory by a folder name: the run loop attaches them to the run directory."""
-        return {f"channel_{n}_errors": m.rows for n, m in enumerate(self.errors) if m is not None}
+        """Each stage's per-client state by a folder name (`channel_<n>_<name>`): the run loop attaches them to
+        the run directory."""
+        return {f"channel_{n}_{name}": store
+                for n, s in enumerate(self.stages) for name, store in s.client_stores().items()}
 
     def state_dict(self) -> dict:
-        return {"stages": [s.state_dict() for s in self.stages],
-                "errors": [None if m is None else m.state_dict() for m in self.errors]}
+        return {"stages": [s.state_dict() for s in self.stages]}
 
     def load_state_dict(self, state: dict | None) -> None:
         if state is None:
             return  # a checkpoint from before the channel: nothing was kept
-        for s, st in zip(self.stages, state["stages"]):
+        stages = state["stages"]
+        if "errors" in state:  # before the wrapper, the chain kept each compressor's error memory beside it
+            stages = [st if e is None else {"stage": st, "errors": e} for st, e in zip(stages, state["errors"])]
+        for s, st in zip(self.stages, stages):
             s.load_state_dict(st)
-        for m, st in zip(self.errors, state["errors"]):
-            if m is not None and st is not None:
-                m.load_state_dict(st)

@@ -1,7 +1,8 @@
-"""Compressors C(u) on each client's row u [P] (SPEC "Upload channel"), with optional error feedback.
+"""Compressors C(u) on each client's row u [P] (SPEC "Upload channel").
 
-With `error_feedback: true` a client sends C(e_k + Δ_k) and keeps e_k ← u − C(u) by its id
-(Karimireddy et al. 2019); without, it sends C(Δ_k). Bits are what one client uploads.
+Each is a stage of the chain on the updates; `error_feedback: true` in its options has the chain
+wrap it in `ErrorFeedback` (fedagg.channel.feedback: a client sends C(e_k + Δ_k) and keeps
+e_k ← u − C(u) by its id); without, it sends C(Δ_k). Bits are what one client uploads.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
-from fedagg.channel.base import Stage
+from fedagg.channel.base import Compressor
 from fedagg.config.constraints import Flag, Range, checked
 
 Ratio = Annotated[float, Range(gt=0, le=1, words="it must be in (0, 1]")]
@@ -30,7 +31,7 @@ def index_bits(num_params: int) -> int:
     return (num_params - 1).bit_length()
 
 
-class TopK(Stage):
+class TopK(Compressor):
     """`channel=topk`: the ⌈ρP⌉ (or ⌊ρP⌋) largest-magnitude entries of u; ties go to the lower index."""
 
     @checked("channel.topk.")
@@ -48,7 +49,7 @@ class TopK(Stage):
         return kept(self.ratio, num_params, self.rounding) * (32 + index_bits(num_params))
 
 
-class RandK(Stage):
+class RandK(Compressor):
     """`channel=randk`: ⌈ρP⌉ entries drawn uniformly without replacement, scaled by P/k (unbiased)."""
 
     @checked("channel.randk.")
@@ -65,7 +66,7 @@ class RandK(Stage):
         return kept(self.ratio, num_params) * 32 + 32  # the values and the seed that names their places
 
 
-class Sign(Stage):
+class Sign(Compressor):
     """`channel=sign`: ‖u‖₁ / P · sign(u) (scaled sign, Bernstein et al. 2018; EF-SignSGD)."""
 
     @checked("channel.sign.")
@@ -79,7 +80,7 @@ class Sign(Stage):
         return num_params + 32
 
 
-class QSGD(Stage):
+class QSGD(Compressor):
     """`channel=qsgd` (Alistarh et al. 2017): u_i → ‖u‖₂ sign(u_i) ξ_i, ξ_i the stochastic rounding of
     s|u_i|/‖u‖₂ to a neighbouring multiple of 1/s (unbiased)."""
 

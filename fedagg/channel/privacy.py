@@ -1,10 +1,12 @@
 """Client-level differential privacy (`channel=dp`; DP-FedAvg, McMahan et al. 2018).
 
-Each update is clipped, Δ_k · min(1, S/‖Δ_k‖); the server's uniform mean gets N(0, (zS/K)² I).
-The simulation adds that one noise vector to every clipped row: any mean whose weights sum
-to one (uniform: 1/K) then holds it exactly once, and the aggregator stays unaware of it.
-Server optimizers step on the noised mean (post-processing). Adaptive clipping (Andrew et
-al. 2021): S ← S · exp(−η_C (b̄ − γ)), b̄ the share of clients with ‖Δ_k‖ ≤ S plus N(0, σ_b²/K²).
+The client side clips each update, Δ_k · min(1, S/‖Δ_k‖), and each client tells whether its
+update was within S; the server side adds N(0, (zS/K)² I) once to the aggregator's uniform mean
+of the clipped updates (`Stage.server`, before the server optimizer: the optimizer's step is
+post-processing). Adaptive clipping (Andrew et al. 2021), on the server side as well:
+S ← S · exp(−η_C (b̄ − γ)), b̄ the share of clients with ‖Δ_k‖ ≤ S plus N(0, σ_b²/K²). Both
+draws come from the stage's stream generator(seed, "channel", n, round): the noise vector
+first, then the count's noise.
 
 ε after each round comes from the RDP accountant of Google's `dp-accounting` (the optional
 extra `fedagg[dp]`), each round its own Poisson-subsampled Gaussian (`fedagg.channel.accounting`)
@@ -18,17 +20,14 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
 from fedagg.channel.accounting import Accountant, epsilon
-from fedagg.channel.base import Setup, Stage
+from fedagg.channel.base import Setup, Stage, Upload
 from fedagg.config.constraints import Flag, Range, checked
-
-if TYPE_CHECKING:
-    from fedagg.aggregators.base import Aggregator
 
 __all__ = ["DP", "epsilon"]
 log = logging.getLogger(__name__)
@@ -54,7 +53,8 @@ LOWEST_CLIP, HIGHEST_CLIP = 2.0**-1000, 2.0**1000
 
 
 class DP(Stage):
-    """`channel=dp`: clip each Δ_k to S, add N(0, (zS/K)²) to the mean; ε each round."""
+    """`channel=dp`: clip each Δ_k to S (client side), add N(0, (zS/K)²) once to the mean (server side); ε each
+    round."""
 
     privatises = True
     needs_uniform_mean = True
@@ -73,23 +73,25 @@ class DP(Stage):
         self.last: dict[str, float] = {}
         self.bound_reached = False
         self.said: list[str] = []  # start-up lines (`notes`)
+        self.within = 1.0  # this round's share of clients whose update was within S (the client side's bits)
 
     @property
     def rounds(self) -> int:
         return len(self.accountant)
 
-    def check(self, aggregator: Aggregator, setup: Setup) -> None:
-        name = setup.named(aggregator)
-        if aggregator.compresses_uploads:
-            twin = f"; {aggregator.same_uncompressed} channel=[sign,dp] compresses before dp" if aggregator.same_uncompressed else ""
+    def check(self, setup: Setup) -> None:
+        rule = setup.rule
+        name = rule.shown
+        if rule.compresses_uploads:
+            twin = f"; {rule.same_uncompressed} channel=[sign,dp] compresses before dp" if rule.same_uncompressed else ""
             raise ValueError(f"channel=dp is not allowed with {name}: it compresses each update after dp has clipped "
                              f"it and added the noise, which must reach the mean unchanged{twin}")
-        if not aggregator.weighted_mean:
+        if not rule.weighted_mean:
             raise ValueError(f"channel=dp is not allowed with {name}: its rule is not a weighted mean with "
                              "data-independent weights, so noise on that mean does not make it private; use fedavg, "
                              "fedavgm, fedadam, fedyogi, fedadagrad or fedams")
-        if aggregator.weighting != "uniform":  # every weighted-mean rule takes FedAvg's weighting
-            raise ValueError(f"aggregator.weighting={aggregator.weighting} is not allowed with channel=dp: the noise "
+        if rule.weighting != "uniform":  # every weighted-mean rule takes FedAvg's weighting
+            raise ValueError(f"aggregator.weighting={rule.weighting} is not allowed with channel=dp: the noise "
                              "is scaled for the uniform mean (SPEC); set aggregator.weighting=uniform")
         try:
             import dp_accounting  # noqa: F401
@@ -124,19 +126,23 @@ class DP(Stage):
     def sigma_b(self, k: int) -> float:
         return self.count_noise if self.count_noise is not None else k / 20
 
-    def privatise(self, u: Tensor, g: torch.Generator, rate: float | None = None) -> Tensor:
-        k, s = u.shape[0], self.clip
+    def client(self, u: Tensor, up: Upload, g: torch.Generator) -> Tensor:
+        """Each row clipped to S; the share of rows within S is what the clients' bits tell the server."""
         norms = torch.linalg.vector_norm(u, dim=1, keepdim=True)
-        clipped = u * (s / norms).clamp(max=1.0)  # ‖Δ_k‖ = 0 gives inf, clamped to 1
-        noise = torch.randn(u.shape[1], generator=g, dtype=torch.float64).to(u) * (self.z * s / k)
+        self.within = float((norms <= self.clip).to(torch.float64).mean())
+        return u * (self.clip / norms).clamp(max=1.0)  # ‖Δ_k‖ = 0 gives inf, clamped to 1
+
+    def server(self, mean: Tensor, up: Upload, g: torch.Generator) -> Tensor:
+        """The uniform mean of the clipped rows with N(0, (zS/K)² I) added once; the round's release accounted."""
+        k, s = up.num_clients, self.clip
+        noise = torch.randn(mean.shape[0], generator=g, dtype=torch.float64).to(mean) * (self.z * s / k)
         if self.adaptive:
-            below = float((norms <= s).to(torch.float64).mean())
-            b = below + float(torch.randn((), generator=g, dtype=torch.float64)) * self.sigma_b(k) / k
+            b = self.within + float(torch.randn((), generator=g, dtype=torch.float64)) * self.sigma_b(k) / k
             self.clip = self.next_clip(s, b)
-        q = rate if rate is not None else (self.rate if self.rate is not None else 1.0)
+        q = up.rate if up.rate is not None else (self.rate if self.rate is not None else 1.0)
         self.accountant.compose(min(1.0, q), self.effective_multiplier(k))
         self.last = {"dp_epsilon": self.accountant.epsilon(self.delta if self.delta is not None else 1e-5), "dp_clip": s}
-        return clipped + noise
+        return mean + noise
 
     def next_clip(self, s: float, b: float) -> float:
         """S · exp(−η_C (b − γ)), kept a positive normal float (a noisy count far from γ could leave that range)."""

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.inputs import ClientSetup, Needs
 from fedagg.attacks.base import Attack
-from fedagg.channel.base import Channel, Setup
+from fedagg.channel.base import Channel, Rule, Setup
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
@@ -85,11 +85,10 @@ def connect(parts: Parts, settings: Settings) -> None:
     trainer.sensitivity = parts.aggregator.needs.sensitivity  # measured during local training when declared
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
-    parts.channel = Channel.of(parts.channel)
-    chosen = parts.choices.get("aggregator")
-    parts.channel.check(parts.aggregator, Setup(
+    parts.channel = Channel.of(parts.channel).connect(parts.attack, parts.aggregator.channel_stages())
+    parts.channel.check(Setup(
         settings.num_clients, settings.per_round, sampleable=settings.num_clients - len(settings.held_out_ids),
-        online_varies=parts.system.takes_clients_offline, aggregator=f"aggregator={chosen}" if chosen else ""))
+        online_varies=parts.system.takes_clients_offline, rule=describe(parts.aggregator, parts.choices.get("aggregator"))))
     check_held_out(trainer.val_frac, trainer.test_frac, parts.aggregator.needs, settings.eval_per_client)
     if settings.eval_split == "val" and not settings.held_out and effective_val_frac(trainer.val_frac, parts.aggregator.needs) == 0:
         raise ValueError(f"eval.split=val needs validation data, but client.val_frac={trainer.val_frac} holds none out; "
@@ -99,6 +98,14 @@ def connect(parts: Parts, settings: Settings) -> None:
         log.warning("attack.fraction=%g corrupts nobody with num_clients=%d (floor(%g * %d) = 0): the run has no "
                     "attacker; a fraction of at least %.3g corrupts one client", fraction, settings.num_clients,
                     fraction, settings.num_clients, 1 / settings.num_clients)
+
+
+def describe(aggregator: Aggregator, chosen: str | None = None) -> Rule:
+    """The aggregator as the channel's stages check it (`fedagg.channel` imports nothing from the aggregators);
+    `chosen`: the option as the user typed it (`aggregator=fedcams`), else the class is named."""
+    return Rule(shown=f"aggregator={chosen}" if chosen else f"aggregator {type(aggregator).__name__}",
+                weighting=str(getattr(aggregator, "weighting", "")), weighted_mean=aggregator.weighted_mean,
+                compresses_uploads=aggregator.compresses_uploads, same_uncompressed=aggregator.same_uncompressed)
 
 
 def check_held_out(val_frac: float | None, test_frac: float | None, needs: Needs, per_client: bool) -> None:

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.blocks import update_norms
+from fedagg.aggregators.inputs import RoundInputs
 
 
 def weight_spread(weights: Tensor) -> dict[str, float]:
@@ -20,11 +21,12 @@ def weight_spread(weights: Tensor) -> dict[str, float]:
     return {"weight_min": float(w.min()), "weight_max": float(w.max()), "weight_entropy": float(entropy)}
 
 
-def round_diagnostics(old: Tensor, new: Tensor, client_params: Tensor, weights: Tensor,
-                      block_rows: int | None = None) -> dict[str, float]:
-    client_norms = update_norms(client_params, old, block_rows)
+def round_diagnostics(inputs: RoundInputs, new: Tensor, weights: Tensor) -> dict[str, float]:
+    """The server step's norm (new against the round's global model), the weighted clients' update norms, the
+    weights' spread."""
+    client_norms = update_norms(inputs)
     return {
-        "update_norm": float(torch.linalg.vector_norm(new - old)),
+        "update_norm": float(torch.linalg.vector_norm(new - inputs.global_params)),
         "client_update_norm": float(weights.to(client_norms.dtype) @ client_norms),
         **weight_spread(weights),
     }

@@ -75,7 +75,8 @@ class InputsProvider:
         return ServerData(x=self.server_x, y=targets(self.data, "train", self.server_idx), model=self.model, buffers=copies)
 
     def inputs(self, params: Tensor, buffers: Tensor, result: RoundResult, ids: list[int], round: int,
-               lr: float, block_rows: int | None = None) -> RoundInputs:
+               lr: float, block_rows: int | None = None, on_mean=None) -> RoundInputs:
+        """`on_mean`: the upload channel's server side for this round (`fedagg.channel.base.ServerSide`)."""
         needs = self.needs
         hist = self.label_hist
         return RoundInputs(
@@ -99,4 +100,5 @@ class InputsProvider:
             payloads=result.payloads,
             sensitivity=result.sensitivity if needs.sensitivity else None,
             block_rows=block_rows,
+            on_mean=on_mean,
         )

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from fedagg.aggregators.base import sample_weights
 from fedagg.engines.base import RoundJob, RoundResult
+from fedagg.channel.base import ServerSide, Upload
 from fedagg.loop.assembly import Federation
 from fedagg.runtime.checkpoints import rng_state, save_atomically, save_checkpoint, set_rng_state
 from fedagg.loop.communication import BitCounter
@@ -149,15 +150,20 @@ class RoundLoop:
         round's row of figures."""
         fed, r, ids, rate, lr, bits, chosen = (self.fed, plan.round, plan.ids, plan.rate, plan.lr, plan.bits,
                                                plan.job.clients)
-        self.transmit(r, ids, result, rate)
-        inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr, fed.engine.clients_in_memory)
+        on_mean = self.transmit(r, ids, result, rate)
+        inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr, fed.engine.clients_in_memory,
+                                      on_mean)
         out = fed.aggregator.aggregate(inputs)
+        if on_mean.needed and not on_mean.applied:
+            raise ValueError(f"channel={fed.channel.shown} is not allowed with aggregator {type(fed.aggregator).__name__}: "
+                             "a stage of the channel acts on the weighted mean update, which this rule never forms; "
+                             "use a rule that averages the updates (fedavg, fedavgm, fedadam, ...)")
         new_params, weights = out.params, out.weights
         data_weights = sample_weights(inputs.num_samples)
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
-               **round_diagnostics(self.params, new_params, result.params, weights, inputs.block_rows),
+               **round_diagnostics(inputs, new_params, weights),
                "lr": lr, "clients": len(chosen), **bits, **(sent := fed.channel.metrics()),
-               **{f"agg_{k}": v for k, v in fed.aggregator.take_diagnostics().items()}}
+               **{f"agg_{k}": v for k, v in out.metrics.items()}}
         for key in sent:
             self.summary.pop(f"final_{key}_infinite", None)  # set again below while the value is infinite
         self.summary.update(summary_values(sent))  # e.g. final_dp_epsilon
@@ -168,18 +174,22 @@ class RoundLoop:
         self.buffers = combine_buffers(result.buffers, out.weights_for_buffers())
         return row
 
-    def transmit(self, r: int, ids: list[int], result: RoundResult, rate: float | None = None) -> None:
+    def transmit(self, r: int, ids: list[int], result: RoundResult, rate: float | None = None) -> ServerSide:
         """What the participants send passes the upload channel (compression, the corrupted clients' attack,
-        clipping and noise), in this one place, before aggregation; `rate`: the round's sampling rate."""
+        clipping and noise), in this one place, before aggregation; `rate`: the round's sampling rate. Returns
+        the channel's server side, for the aggregator's mean update."""
         rows = [k for k, i in enumerate(ids) if i in self.corrupted]
         mask = torch.zeros(len(ids), dtype=torch.bool, device=result.params.device)
         mask[rows] = True
-        channel = self.fed.channel
-        result.params = channel.transmit(self.params, result.params, ids, mask, self.fed.attack, self.settings.seed, r,
-                                         rate)
+        channel, settings = self.fed.channel, self.settings
+        up = Upload(self.params, tuple(ids), mask, settings.seed, r, settings.num_clients - len(settings.held_out_ids),
+                    rate)
+        arrived = channel.transmit(result.params, up)
+        result.params = arrived.models
         changed = list(range(len(ids))) if channel.stages else rows  # a compressor changes every model
         if changed:
             self.provider.rescore(result, changed, self.fed.engine.eval_batch_size)
+        return arrived.on_mean
 
     def evaluate(self, row: dict) -> None:
         set_params(self.fed.model, self.tested)  # the model the method's paper scores (AggregateResult.evaluated)
