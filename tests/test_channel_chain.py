@@ -158,3 +158,19 @@ def test_dp_clips_on_the_clients_and_adds_its_seeded_noise_once_to_the_mean():
     noise = torch.randn(3, generator=generator(5, "channel", 0, 3), dtype=torch.float64).float() * 1.0
     assert torch.equal(out.params, w + (torch.tensor([0.5, 0.5]) @ rows + noise))
     assert dp.rounds == 1 and dp.metrics()["dp_clip"] == 1.0
+
+
+def test_a_server_side_with_a_rule_that_forms_no_mean_is_refused_before_training():
+    from fedagg.aggregators.fedopt import FedAdam
+    from fedagg.aggregators.krum import Krum
+    from fedagg.channel.base import Setup
+    from fedagg.loop.assembly import describe
+
+    assert describe(FedAvg()).forms_mean and describe(FedAdam()).forms_mean  # the base step: the mean, then a step
+    assert not describe(Krum()).forms_mean  # picks one client's update: no mean for a decoder to act on
+    decoder = Channel([CyclicK(2)])
+    decoder.check(Setup(10, 5, rule=describe(FedAvg())))
+    with pytest.raises(ValueError, match=r"^channel=cyclick is not allowed with aggregator=krum: cyclick acts on the "
+                                         r"weighted mean update on the server, which this rule never forms"):
+        decoder.check(Setup(10, 5, rule=describe(Krum(), "krum")))
+    Channel([TopK()]).check(Setup(10, 5, rule=describe(Krum(), "krum")))  # a client side alone is fine with any rule

@@ -46,6 +46,7 @@ class Rule:
     weighted_mean: bool = False
     compresses_uploads: bool = False  # the rule's own stages compress every upload (FedCAMS)
     same_uncompressed: str = ""  # the option that is the rule without its own compression, as the user types it
+    forms_mean: bool = True  # its step applies sum_k p_k Δ_k (the base Aggregator.aggregate): a server side acts there
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,10 @@ class Channel:
                 "use channel=none"
             raise ValueError(f"channel={self.shown} is not allowed with {rule.shown}: it compresses every "
                              f"upload itself, so they would be compressed twice; {once}")
+        if not rule.forms_mean and (sided := [n for n, s in zip(self.names, self.stages) if s.has_server_side]):
+            raise ValueError(f"channel={self.shown} is not allowed with {rule.shown}: {', '.join(sided)} acts on the "
+                             "weighted mean update on the server, which this rule never forms; use a rule that "
+                             "averages the updates (fedavg, fedavgm, fedadam, fedyogi, fedadagrad, fedams)")
         for s in self.stages:
             s.check(setup)
 

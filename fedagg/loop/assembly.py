@@ -105,7 +105,9 @@ def describe(aggregator: Aggregator, chosen: str | None = None) -> Rule:
     `chosen`: the option as the user typed it (`aggregator=fedcams`), else the class is named."""
     return Rule(shown=f"aggregator={chosen}" if chosen else f"aggregator {type(aggregator).__name__}",
                 weighting=str(getattr(aggregator, "weighting", "")), weighted_mean=aggregator.weighted_mean,
-                compresses_uploads=aggregator.compresses_uploads, same_uncompressed=aggregator.same_uncompressed)
+                compresses_uploads=aggregator.compresses_uploads, same_uncompressed=aggregator.same_uncompressed,
+                # a rule that replaces the whole aggregate step forms no mean a server side could act on
+                forms_mean=type(aggregator).aggregate is Aggregator.aggregate)
 
 
 def check_held_out(val_frac: float | None, test_frac: float | None, needs: Needs, per_client: bool) -> None:
