@@ -52,10 +52,16 @@ def _read_summary(run_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+# classes that moved: a checkpoint written before the move names the old place, and resumes as the same setting
+MOVED_TARGETS = {"fedagg.channel.base.Channel": "fedagg.channel.chain.Channel"}
+
+
 def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
     keys = []
     for k in sorted(set(old) | set(new)):
         a, b = old.get(k), new.get(k)
+        if k == "_target_":
+            a = MOVED_TARGETS.get(a, a)
         if isinstance(a, dict) and isinstance(b, dict):
             keys += _changed_keys(a, b, f"{prefix}{k}.")
         elif a != b and f"{prefix}{k}" not in ("resume", "overwrite") and k != DISPLAY_NAME:  # a name computes nothing

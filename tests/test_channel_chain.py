@@ -174,3 +174,14 @@ def test_a_server_side_with_a_rule_that_forms_no_mean_is_refused_before_training
                                          r"weighted mean update on the server, which this rule never forms"):
         decoder.check(Setup(10, 5, rule=describe(Krum(), "krum")))
     Channel([TopK()]).check(Setup(10, 5, rule=describe(Krum(), "krum")))  # a client side alone is fine with any rule
+
+
+def test_a_checkpoint_naming_the_channel_at_its_old_place_resumes_as_the_same_setting():
+    from fedagg.run import _changed_keys
+
+    old = {"channel": {"_target_": "fedagg.channel.base.Channel", "topk": {"ratio": 0.01}}, "seed": 0}
+    new = {"channel": {"_target_": "fedagg.channel.chain.Channel", "topk": {"ratio": 0.01}}, "seed": 0}
+    assert _changed_keys(old, new) == []
+    assert _changed_keys(old, {**new, "channel": {**new["channel"], "topk": {"ratio": 0.02}}}) == ["channel.topk.ratio"]
+    assert _changed_keys({"channel": {"_target_": "fedagg.channel.base.Stage"}, "seed": 0}, new) == [
+        "channel._target_", "channel.topk"]

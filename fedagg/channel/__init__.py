@@ -5,7 +5,8 @@ feedback as a wrapper), the corrupted clients' model attack at its position, cli
 stage has a client side on the round's updates and may have a server side on their aggregated mean.
 """
 
-from fedagg.channel.base import AttackPosition, Channel, Compressor, Rule, Setup, Stage, Upload
+from fedagg.channel.base import AttackPosition, Compressor, Rule, Setup, Stage, Upload
+from fedagg.channel.chain import Channel
 from fedagg.channel.compress import QSGD, RandK, Sign, TopK
 from fedagg.channel.errors import ErrorMemory
 from fedagg.channel.feedback import ErrorFeedback

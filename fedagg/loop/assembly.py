@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.inputs import ClientSetup, Needs
 from fedagg.attacks.base import Attack
-from fedagg.channel.base import Channel, Rule, Setup
+from fedagg.channel.base import Rule, Setup
+from fedagg.channel.chain import Channel
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData

@@ -17,7 +17,7 @@ import logging
 
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.inputs import dense
-from fedagg.channel.base import Channel
+from fedagg.channel.chain import Channel
 
 log = logging.getLogger(__name__)
 

@@ -76,7 +76,7 @@ class InputsProvider:
 
     def inputs(self, params: Tensor, buffers: Tensor, result: RoundResult, ids: list[int], round: int,
                lr: float, block_rows: int | None = None, on_mean=None) -> RoundInputs:
-        """`on_mean`: the upload channel's server side for this round (`fedagg.channel.base.ServerSide`)."""
+        """`on_mean`: the upload channel's server side for this round (`fedagg.channel.chain.ServerSide`)."""
         needs = self.needs
         hist = self.label_hist
         return RoundInputs(

@@ -23,7 +23,8 @@ from torch import Tensor
 
 from fedagg.aggregators.base import sample_weights
 from fedagg.engines.base import RoundJob, RoundResult
-from fedagg.channel.base import ServerSide, Upload
+from fedagg.channel.base import Upload
+from fedagg.channel.chain import ServerSide
 from fedagg.loop.assembly import Federation
 from fedagg.runtime.checkpoints import rng_state, save_atomically, save_checkpoint, set_rng_state
 from fedagg.loop.communication import BitCounter
