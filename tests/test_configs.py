@@ -13,7 +13,8 @@ from fedagg.channel import Channel
 from fedagg.system.base import System
 from fedagg.tracking.base import Tracker
 
-GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack", "channel")
+GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack", "channel",
+          "sampler")
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 
 

@@ -35,6 +35,7 @@ class Setup:
     sampleable: int | None = None  # the clients that can be sampled (N less eval.held_out_clients); None: N
     online_varies: bool = False  # a system takes clients offline: a round samples K of those online then
     aggregator: str = ""  # as the user typed it ("aggregator=fedcams"); "": the class's name is shown
+    sampler: str = ""  # a sampler whose draw is not uniform, as the user chose it ("sampler=size"); "": uniform
 
     @property
     def pool(self) -> int:
