@@ -28,7 +28,8 @@ from fedagg.sampling.base import Draw, Sampler
 def clusters(sizes: Tensor, k: int) -> Tensor:
     """[k, M] float64, rows summing to 1: Algorithm 1's distributions for clients of sizes [M]. In integers: client
     i's mass is k n_i and each interval holds Σ n, so nothing is rounded. Clients are laid down largest first, ties
-    in reverse index order (numpy's flip of a stable argsort, as the authors' code orders them)."""
+    in reverse index order (numpy's flip of a stable argsort; the authors' code leaves the order of equal sizes to
+    numpy's sort, which may differ by machine)."""
     sizes = sizes.long().cpu()
     total = int(sizes.sum())
     order = torch.argsort(sizes, stable=True).flip(0)
