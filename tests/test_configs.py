@@ -11,6 +11,7 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.attacks.base import Attack
 from fedagg.channel import Channel
 from fedagg.system.base import System
+from fedagg.sampling.base import Sampler
 from fedagg.tracking.base import Tracker
 
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack", "channel",
@@ -40,6 +41,8 @@ def test_option_composes_and_instantiates(group, option):
         assert isinstance(obj, System)
     elif group == "attack":
         assert isinstance(obj, Attack)
+    elif group == "sampler":
+        assert isinstance(obj, Sampler)
     elif group == "channel":
         assert isinstance(obj, Channel) and len(obj.stages) == (option != "none")
     elif group in ("dataset", "partition"):
