@@ -31,7 +31,7 @@ SWEEP_PLUS = ("aggregator.bucket_size=2 is applied before the sweep picks the ag
     (["rounds=1", "seeed=1"], "seeed is not a setting fedagg knows; did you mean seed=1?"),
     (["foo=1"], "foo is not a setting fedagg knows (known keys: aggregator, attack, channel, checkpoint_every, client, "
                 "clients_per_round, data, dataset, deterministic, device, engine, eval, eval_every, experiment_scale, "
-                "logger, model, num_clients, overwrite, partition, resume, rounds, seed, stop_at_target, system, target_acc, tf32, "
+                "logger, model, num_clients, overwrite, partition, resume, rounds, sampler, seed, stop_at_target, system, target_acc, tf32, "
                 "threads); remove it or correct its name"),
     (["aggregator.bucket_size=3"], f"aggregator.bucket_size=3 is not allowed: aggregator=fedavg has no bucket_size; "
                                    f"{BUCKETED} have it"),

@@ -11,9 +11,11 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.attacks.base import Attack
 from fedagg.channel import Channel
 from fedagg.system.base import System
+from fedagg.sampling.base import Sampler
 from fedagg.tracking.base import Tracker
 
-GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack", "channel")
+GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack", "channel",
+          "sampler")
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 
 
@@ -39,6 +41,8 @@ def test_option_composes_and_instantiates(group, option):
         assert isinstance(obj, System)
     elif group == "attack":
         assert isinstance(obj, Attack)
+    elif group == "sampler":
+        assert isinstance(obj, Sampler)
     elif group == "channel":
         # `attack` names only the attack's place, which every chain has
         assert isinstance(obj, Channel) and len(obj.stages) == (option not in ("none", "attack"))

@@ -41,6 +41,7 @@ class Setup:
     sampleable: int | None = None  # the clients that can be sampled (N less eval.held_out_clients); None: N
     online_varies: bool = False  # a system takes clients offline: a round samples K of those online then
     rule: Rule = Rule()
+    sampler: str = ""  # a sampler whose draw is not uniform, as the user chose it ("sampler=size"); "": uniform
 
     @property
     def pool(self) -> int:

@@ -90,6 +90,10 @@ class DP(Stage):
             raise ValueError(f"channel=dp is not allowed with {name}: its rule is not a weighted mean with "
                              "data-independent weights, so noise on that mean does not make it private; use fedavg, "
                              "fedavgm, fedadam, fedyogi, fedadagrad or fedams")
+        if setup.sampler:
+            raise ValueError(f"channel=dp is not allowed with {setup.sampler}: the privacy accountant's q = K / pool "
+                             "assumes every client is sampled uniformly at random each round, which this sampler "
+                             "does not do; use sampler=uniform")
         if rule.weighting != "uniform":  # every weighted-mean rule takes FedAvg's weighting
             raise ValueError(f"aggregator.weighting={rule.weighting} is not allowed with channel=dp: the noise "
                              "is scaled for the uniform mean (SPEC); set aggregator.weighting=uniform")

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from fedagg.config.constraints import typed
 from fedagg.data.seeding import generator
+from fedagg.sampling.base import Draw, Sampler
 
 
 
@@ -98,10 +99,7 @@ def sampling_rate(settings: Settings, online: Tensor | None = None) -> float:
 
 
 def sample_clients(settings: Settings, round: int, online: Tensor | None = None) -> list[int]:
-    """Client ids taking part in `round`, ascending: `clients_per_round` of the clients `online` [N] marks
-    (everyone when None), or all of them when no more are online."""
-    pool = sampling_pool(settings, online)
-    if settings.per_round >= len(pool):
-        return pool.tolist()
-    g = generator(settings.seed, "sampling", round)
-    return sorted(pool[torch.randperm(len(pool), generator=g)[: settings.per_round]].tolist())
+    """Client ids taking part in `round` under the default sampler (uniform), ascending: `clients_per_round` of the
+    clients `online` [N] marks (everyone when None), or all of them when no more are online."""
+    return Sampler().choose(settings.per_round, sampling_pool(settings, online), round,
+                            Draw(settings.seed, torch.zeros(settings.num_clients, dtype=torch.long)))

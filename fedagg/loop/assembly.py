@@ -31,6 +31,7 @@ from fedagg.loop.inputs import check_needs
 from fedagg.config.settings import Settings
 from fedagg.loop.splits import build_model, hold_out_server_split, make_clients, shrink
 from fedagg.models.base import Backbone
+from fedagg.sampling.base import Sampler
 from fedagg.system.base import System
 from fedagg.tracking.base import Tracker
 
@@ -52,6 +53,7 @@ class Parts:
     system: System = field(default_factory=System)  # who is online, reports, and how many steps each takes
     attack: Attack = field(default_factory=Attack)  # which clients are corrupted, and how
     channel: Channel | list | None = None  # what clients send (compression, privacy): a Channel or a list of stages
+    sampler: Sampler = field(default_factory=Sampler)  # who of those that can take part trains (uniform)
     noise: float = 0.0  # partition.noise: client i of N sees Gaussian noise of sd noise * i / N on its images
     choices: dict = field(default_factory=dict)  # group -> option as the user chose it, for refusals in their words
 
@@ -71,6 +73,7 @@ class Federation:
     attack: Attack = field(default_factory=Attack)
     corrupted: list[int] = field(default_factory=list)  # ids of the corrupted clients
     channel: Channel = field(default_factory=Channel)
+    sampler: Sampler = field(default_factory=Sampler)
     settings: Settings | None = None  # as run: num_clients=None resolved to the dataset's number of clients
 
 
@@ -87,9 +90,12 @@ def connect(parts: Parts, settings: Settings) -> None:
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
     parts.channel = Channel.of(parts.channel).connect(parts.attack, parts.aggregator.channel_stages())
+    sampleable = settings.num_clients - len(settings.held_out_ids)
+    parts.sampler.check(settings.per_round, sampleable)
+    sampler = "" if parts.sampler.equal_chance else f"sampler={parts.choices.get('sampler', type(parts.sampler).__name__)}"
     parts.channel.check(Setup(
-        settings.num_clients, settings.per_round, sampleable=settings.num_clients - len(settings.held_out_ids),
-        online_varies=parts.system.takes_clients_offline, rule=describe(parts.aggregator, parts.choices.get("aggregator"))))
+        settings.num_clients, settings.per_round, sampleable=sampleable, online_varies=parts.system.takes_clients_offline,
+        rule=describe(parts.aggregator, parts.choices.get("aggregator")), sampler=sampler))
     check_held_out(trainer.val_frac, trainer.test_frac, parts.aggregator.needs, settings.eval_per_client)
     if settings.eval_split == "val" and not settings.held_out and effective_val_frac(trainer.val_frac, parts.aggregator.needs) == 0:
         raise ValueError(f"eval.split=val needs validation data, but client.val_frac={trainer.val_frac} holds none out; "
@@ -236,4 +242,4 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
         own = torch.cat([torch.cat([clients[i].train_idx, clients[i].val_idx]) for i in corrupted])
         data.train_y = parts.attack.poison_labels(data.train_y, own, data.num_classes)
     return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
-                      parts.system, parts.attack, corrupted, parts.channel, settings)
+                      parts.system, parts.attack, corrupted, parts.channel, parts.sampler, settings)

@@ -49,3 +49,17 @@ def spread(acc: Tensor) -> dict[str, float]:
     acc = acc.double()
     return {"client_acc_mean": float(acc.mean()), "client_acc_std": float(acc.std(correction=0)),
             "client_acc_p10": float(torch.quantile(acc, 0.1)), "client_acc_min": float(acc.min())}
+
+
+@torch.no_grad()
+def client_losses(model: nn.Module, data, train_idx: list[Tensor], batch_size: int, samples: int | None = None,
+                  generator: torch.Generator | None = None) -> Tensor:
+    """[M] float64: `model`'s mean cross-entropy (eval mode) on each of the training splits `train_idx`, or on
+    `samples` of each drawn with `generator` (all of a split that has fewer). A sampler's scores of clients, not
+    training: nothing is updated."""
+    losses = []
+    for idx in train_idx:
+        if samples is not None and samples < idx.numel():
+            idx = idx[torch.randperm(idx.numel(), generator=generator)[:samples].to(idx.device)]
+        losses.append(evaluate(model, data.eval_batches(idx, batch_size, "train"))[1])
+    return torch.tensor(losses, dtype=torch.float64)

@@ -29,12 +29,13 @@ from fedagg.loop.assembly import Federation
 from fedagg.runtime.checkpoints import rng_state, save_atomically, save_checkpoint, set_rng_state
 from fedagg.loop.communication import BitCounter
 from fedagg.loop.diagnostics import round_diagnostics
-from fedagg.loop.evaluation import evaluate, per_client_accuracy, spread
+from fedagg.loop.evaluation import client_losses, evaluate, per_client_accuracy, spread
 from fedagg.loop.inputs import InputsProvider
 from fedagg.runtime.interrupts import StopRequests
 from fedagg.runtime.progress import RoundProgress
-from fedagg.config.settings import Settings, sample_clients, sampling_rate
+from fedagg.config.settings import Settings, sampling_pool, sampling_rate
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
+from fedagg.sampling.base import Draw
 from fedagg.tracking.files import CSVLog, clean_number, summary_values, write_json
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class RoundLoop:
         self.summary["corrupted_clients"] = fed.corrupted
         self.saved_round, self.saved_summary = 0, dict(self.summary)  # as of the latest checkpoint
         self.corrupted = set(fed.corrupted)
+        sizes = torch.tensor([c.num_samples for c in fed.clients], dtype=torch.long)
+        self.draw = Draw(settings.seed, sizes, self.client_losses if fed.sampler.needs_losses else None)
         self.bits = BitCounter(fed.aggregator, self.params.numel(), self.buffers.numel(), fed.channel)
         # an aggregator with per-client state (FedCAMS's errors) names its stores too; most have none
         stores = {**fed.trainer.client_stores(), **fed.aggregator.client_stores(), **fed.channel.client_stores()}
@@ -123,7 +126,7 @@ class RoundLoop:
         only, so a driver may begin several loops' rounds before any of them trains."""
         fed, seed = self.fed, self.settings.seed
         online = fed.system.online(seed, r, self.settings.num_clients)
-        sampled = sample_clients(self.settings, r, online)
+        sampled = fed.sampler.choose(self.settings.per_round, sampling_pool(self.settings, online), r, self.draw)
         rate = sampling_rate(self.settings, online)
         ids = fed.system.reporting(seed, r, sampled)
         bits = self.bits.count(len(sampled), len(ids))  # down to every sampled client, up from those that report
@@ -136,6 +139,14 @@ class RoundLoop:
         return RoundPlan(r, ids, rate, bits, lr, RoundJob(
             fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=seed, round=r,
             val_indices=self.provider.val_indices(chosen), budgets=budgets))
+
+    def client_losses(self, ids: Tensor, samples: int | None = None, generator: torch.Generator | None = None) -> Tensor:
+        """[M] the current global model's mean loss on clients `ids`' training data, for a sampler that scores
+        clients (`Draw.losses`); the model is only evaluated, nothing of it counts as training."""
+        set_params(self.fed.model, self.params)
+        set_buffers(self.fed.model, self.buffers)
+        return client_losses(self.fed.model, self.fed.data, [self.fed.clients[i].train_idx for i in ids.tolist()],
+                             self.fed.engine.eval_batch_size, samples, generator)
 
     def end(self, plan: RoundPlan, trained: RoundResult | None) -> bool:
         """The round from what its clients trained (`trained`; None when nobody reported): the upload channel, the
