@@ -171,7 +171,8 @@ class RoundLoop:
                                 for i, w, n, t in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
                                                       result.local_steps.tolist()))
         self.params, self.tested = new_params, out.tested_params()
-        self.buffers = combine_buffers(result.buffers, out.weights_for_buffers())
+        self.buffers = (combine_buffers(result.buffers, out.weights_for_buffers()) if out.buffers is None
+                        else out.buffers)
         return row
 
     def transmit(self, r: int, ids: list[int], result: RoundResult, rate: float | None = None) -> ServerSide:
