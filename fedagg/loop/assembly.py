@@ -31,6 +31,7 @@ from fedagg.config.settings import Settings
 from fedagg.loop.splits import build_model, hold_out_server_split, make_clients, shrink
 from fedagg.models.base import Backbone
 from fedagg.system.base import System
+from fedagg.system.clock import Clock
 from fedagg.tracking.base import Tracker
 
 DEFAULT_VAL_FRAC, DEFAULT_TEST_FRAC = 0.1, 0.2
@@ -49,6 +50,7 @@ class Parts:
     engine: Engine
     logger: Tracker = field(default_factory=Tracker)
     system: System = field(default_factory=System)  # who is online, reports, and how many steps each takes
+    clock: Clock = field(default_factory=Clock)  # simulated time (clock=none: none)
     attack: Attack = field(default_factory=Attack)  # which clients are corrupted, and how
     channel: Channel | list | None = None  # what clients send (compression, privacy): a Channel or a list of stages
     noise: float = 0.0  # partition.noise: client i of N sees Gaussian noise of sd noise * i / N on its images
@@ -67,6 +69,7 @@ class Federation:
     server_idx: Tensor  # training-pool samples the server holds out (never a client's)
     partition: dict = field(default_factory=dict)  # sizes and class counts, for partition.json
     system: System = field(default_factory=System)
+    clock: Clock = field(default_factory=Clock)
     attack: Attack = field(default_factory=Attack)
     corrupted: list[int] = field(default_factory=list)  # ids of the corrupted clients
     channel: Channel = field(default_factory=Channel)
@@ -234,5 +237,6 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     if corrupted:  # a data attack changes the corrupted clients' labels once, for every engine
         own = torch.cat([torch.cat([clients[i].train_idx, clients[i].val_idx]) for i in corrupted])
         data.train_y = parts.attack.poison_labels(data.train_y, own, data.num_classes)
+    parts.clock.connect(settings.seed, settings.num_clients)
     return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
-                      parts.system, parts.attack, corrupted, parts.channel, settings)
+                      parts.system, parts.clock, parts.attack, corrupted, parts.channel, settings)
