@@ -37,7 +37,6 @@ from fedagg.runtime.checkpoints import load_checkpoint
 from fedagg.runtime import interrupts, threads
 from fedagg.runtime.folder import RunFolder, clear_run, held_run, held_sweep
 from fedagg.runtime.numerics import numerics
-from fedagg.loop.drivers import run_alone
 from fedagg.loop.round_loop import RoundLoop, federation_loop
 from fedagg.config.names import DISPLAY_NAME
 from fedagg.data.device import resolve_device
@@ -96,7 +95,7 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, ove
     with run:
         if run.loop is None:
             return run.summary
-        summary = run_alone(run.loop)
+        summary = run.loop.fed.server.drive(run.loop)  # rounds, or arrivals on the clock (server=async)
     return run.finished(summary)
 
 

@@ -27,6 +27,7 @@ from fedagg.data.partition_report import partition_stats
 from fedagg.data.seeding import generator
 from fedagg.engines.base import Engine
 from fedagg.loop.inputs import check_needs
+from fedagg.loop.server import Synchronous
 from fedagg.config.settings import Settings
 from fedagg.loop.splits import build_model, hold_out_server_split, make_clients, shrink
 from fedagg.models.base import Backbone
@@ -51,6 +52,7 @@ class Parts:
     logger: Tracker = field(default_factory=Tracker)
     system: System = field(default_factory=System)  # who is online, reports, and how many steps each takes
     clock: Clock = field(default_factory=Clock)  # simulated time (clock=none: none)
+    server: object = field(default_factory=Synchronous)  # rounds, or arrivals (fedagg.loop.server)
     attack: Attack = field(default_factory=Attack)  # which clients are corrupted, and how
     channel: Channel | list | None = None  # what clients send (compression, privacy): a Channel or a list of stages
     noise: float = 0.0  # partition.noise: client i of N sees Gaussian noise of sd noise * i / N on its images
@@ -70,6 +72,7 @@ class Federation:
     partition: dict = field(default_factory=dict)  # sizes and class counts, for partition.json
     system: System = field(default_factory=System)
     clock: Clock = field(default_factory=Clock)
+    server: object = field(default_factory=Synchronous)  # its `drive(loop)` runs the rounds
     attack: Attack = field(default_factory=Attack)
     corrupted: list[int] = field(default_factory=list)  # ids of the corrupted clients
     channel: Channel = field(default_factory=Channel)
@@ -89,6 +92,7 @@ def connect(parts: Parts, settings: Settings) -> None:
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
     parts.channel = Channel.of(parts.channel).connect(parts.attack, parts.aggregator.channel_stages())
+    parts.server.check(parts, settings)  # the rule, clock, channel and system its schedule can run
     parts.channel.check(Setup(
         settings.num_clients, settings.per_round, sampleable=settings.num_clients - len(settings.held_out_ids),
         online_varies=parts.system.takes_clients_offline, rule=describe(parts.aggregator, parts.choices.get("aggregator"))))
@@ -239,4 +243,4 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
         data.train_y = parts.attack.poison_labels(data.train_y, own, data.num_classes)
     parts.clock.connect(settings.seed, settings.num_clients)
     return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
-                      parts.system, parts.clock, parts.attack, corrupted, parts.channel, settings)
+                      parts.system, parts.clock, parts.attack, corrupted, parts.channel, settings, parts.server)

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -37,6 +37,7 @@ from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
 from fedagg.tracking.files import CSVLog, clean_number, summary_values, write_json
 
 log = logging.getLogger(__name__)
+ASYNC_SUMMARY = ("final_sim_time", "client_updates", "time_to_target")  # an asynchronous run's, resumed as they were
 
 
 def combine_buffers(buffers: Tensor, weights: Tensor) -> Tensor:
@@ -58,6 +59,11 @@ class RoundPlan:
     bits: dict  # communicated bits, down and up
     lr: float
     job: RoundJob | None
+    # an asynchronous server's step (fedagg.loop.asynchronous): each arrival's start model [K, P] and staleness (server
+    # steps since it started), and the step's own columns (simulated time, client updates, staleness)
+    starts: Tensor | None = None
+    staleness: list[int] | None = None
+    columns: dict = field(default_factory=dict)
 
 
 class RoundLoop:
@@ -73,6 +79,9 @@ class RoundLoop:
         self.summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
                             rounds_completed=0, rounds_to_target=None, target_acc=settings.target_acc)
         self.next_round, self.elapsed_before, self.ended = 1, 0.0, False
+        # a driver's own state that checkpoints must hold (the asynchronous server's clients in flight and queue):
+        # `schedule` while it runs, `resumed_schedule` as a checkpoint left it
+        self.schedule, self.resumed_schedule = None, None
         self.summary["server_samples"] = int(fed.server_idx.numel())
         self.summary["uses_extra_data"] = fed.aggregator.needs.uses_extra_data
         self.summary["corrupted_clients"] = fed.corrupted
@@ -86,7 +95,10 @@ class RoundLoop:
 
     # -- checkpoints ---------------------------------------------------------------------
     def state(self, elapsed: float) -> dict:
+        # first: the schedule may train what is in flight, which changes the trainer's state (client stores)
+        schedule = None if self.schedule is None else self.schedule.state_dict()
         return {
+            "schedule": schedule,
             "round": self.summary["rounds_completed"], "params": self.params, "buffers": self.buffers,
             "aggregator": self.fed.aggregator.state_dict(), "trainer": self.fed.trainer.state_dict(),
             "rng": rng_state(), "summary": self.summary, "elapsed_s": elapsed,
@@ -102,6 +114,8 @@ class RoundLoop:
         set_rng_state(ckpt["rng"])
         self.summary.update({k: ckpt["summary"][k] for k in
                              ("final_test_acc", "best_test_acc", "rounds_completed", "rounds_to_target")})
+        self.summary.update({k: ckpt["summary"][k] for k in ASYNC_SUMMARY if k in ckpt["summary"]})
+        self.resumed_schedule = ckpt.get("schedule")
         for log_file, key in ((self.metrics, "metrics"), (self.weights_log, "weights"), (self.clients_log, "clients")):
             kept = ckpt.get(key, [])
             # rows written after the checkpoint are dropped; a list is the rows themselves (older checkpoints)
@@ -143,16 +157,21 @@ class RoundLoop:
         if plan.job is None:  # nobody reported: the global model is kept
             return self.record({"round": plan.round, "test_acc": None, "test_loss": None, "train_loss": None,
                                 "update_norm": 0.0, "lr": plan.lr, "clients": 0, **plan.bits})
-        return self.record(self.aggregate(plan, trained))
+        row = self.aggregate(plan, trained)
+        if plan.columns:
+            row.update(plan.columns)
+            self.summary.update({k: plan.columns[k] for k in ("client_updates",) if k in plan.columns},
+                                final_sim_time=plan.columns.get("sim_time"))
+        return self.record(row)
 
     def aggregate(self, plan: RoundPlan, result: RoundResult) -> dict:
         """The participants' models through the upload channel into the aggregator: the new global model, and the
         round's row of figures."""
-        fed, r, ids, rate, lr, bits, chosen = (self.fed, plan.round, plan.ids, plan.rate, plan.lr, plan.bits,
-                                               plan.job.clients)
+        fed, r, ids, rate, lr, bits = self.fed, plan.round, plan.ids, plan.rate, plan.lr, plan.bits
         on_mean = self.transmit(r, ids, result, rate)
+        staleness = None if plan.staleness is None else torch.tensor(plan.staleness, device=self.device)
         inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr, fed.engine.clients_in_memory,
-                                      on_mean)
+                                      on_mean, plan.starts, staleness)
         out = fed.aggregator.aggregate(inputs)
         if on_mean.needed and not on_mean.applied:
             raise ValueError(f"channel={fed.channel.shown} is not allowed with aggregator {type(fed.aggregator).__name__}: "
@@ -162,14 +181,15 @@ class RoundLoop:
         data_weights = sample_weights(inputs.num_samples)
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
                **round_diagnostics(inputs, new_params, weights),
-               "lr": lr, "clients": len(chosen), **bits, **(sent := fed.channel.metrics()),
+               "lr": lr, "clients": len(ids), **bits, **(sent := fed.channel.metrics()),
                **{f"agg_{k}": v for k, v in out.metrics.items()}}
         for key in sent:
             self.summary.pop(f"final_{key}_infinite", None)  # set again below while the value is infinite
         self.summary.update(summary_values(sent))  # e.g. final_dp_epsilon
-        self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t)}
-                                for i, w, n, t in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
-                                                      result.local_steps.tolist()))
+        ages = [{}] * len(ids) if plan.staleness is None else [{"staleness": s} for s in plan.staleness]
+        self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t),
+                                 **age} for i, w, n, t, age in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
+                                                                   result.local_steps.tolist(), ages))
         self.params, self.tested = new_params, out.tested_params()
         self.buffers = (combine_buffers(result.buffers, out.weights_for_buffers()) if out.buffers is None
                         else out.buffers)
@@ -211,6 +231,8 @@ class RoundLoop:
         s["final_test_acc"], s["best_test_acc"] = acc, max(acc, s["best_test_acc"] or 0.0)
         if self.settings.target_acc is not None and s["rounds_to_target"] is None and acc >= self.settings.target_acc:
             s["rounds_to_target"] = row["round"]
+            if "sim_time" in row:  # on the simulated clock: when it was first reached
+                s["time_to_target"] = row["sim_time"]
 
     def client_accuracies(self, tests: list[Tensor]) -> Tensor:
         """[N] each client's accuracy on its own test split: of the global model, or where the client objective
