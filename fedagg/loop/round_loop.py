@@ -30,6 +30,7 @@ from fedagg.loop.communication import BitCounter
 from fedagg.loop.diagnostics import round_diagnostics
 from fedagg.loop.evaluation import evaluate, per_client_accuracy, spread
 from fedagg.loop.inputs import InputsProvider
+from fedagg.loop.timing import RoundTimes, Timed
 from fedagg.runtime.interrupts import StopRequests
 from fedagg.runtime.progress import RoundProgress
 from fedagg.config.settings import Settings, sample_clients, sampling_rate
@@ -37,7 +38,6 @@ from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
 from fedagg.tracking.files import CSVLog, clean_number, summary_values, write_json
 
 log = logging.getLogger(__name__)
-ASYNC_SUMMARY = ("final_sim_time", "client_updates", "time_to_target")  # an asynchronous run's, resumed as they were
 
 
 def combine_buffers(buffers: Tensor, weights: Tensor) -> Tensor:
@@ -59,6 +59,7 @@ class RoundPlan:
     bits: dict  # communicated bits, down and up
     lr: float
     job: RoundJob | None
+    timed: Timed | None = None  # on the clock: the round's simulated seconds, who was late (None: no clock)
     # an asynchronous server's step (fedagg.loop.asynchronous): each arrival's start model [K, P] and staleness (server
     # steps since it started), and the step's own columns (simulated time, client updates, staleness)
     starts: Tensor | None = None
@@ -88,6 +89,9 @@ class RoundLoop:
         self.saved_round, self.saved_summary = 0, dict(self.summary)  # as of the latest checkpoint
         self.corrupted = set(fed.corrupted)
         self.bits = BitCounter(fed.aggregator, self.params.numel(), self.buffers.numel(), fed.channel)
+        self.times = RoundTimes(fed.clock)
+        if self.times.enabled:
+            self.summary.update(self.times.summary(), time_to_target=None)
         # an aggregator with per-client state (FedCAMS's errors) names its stores too; most have none
         stores = {**fed.trainer.client_stores(), **fed.aggregator.client_stores(), **fed.channel.client_stores()}
         for name, store in stores.items():  # per-client state past its memory budget goes here
@@ -104,7 +108,7 @@ class RoundLoop:
             "rng": rng_state(), "summary": self.summary, "elapsed_s": elapsed,
             # how far each CSV file had got, not its rows: resume cuts the files back to this point
             "metrics": self.metrics.mark(), "weights": self.weights_log.mark(), "clients": self.clients_log.mark(),
-            "bits": self.bits.state_dict(), "channel": self.fed.channel.state_dict(),
+            "bits": self.bits.state_dict(), "channel": self.fed.channel.state_dict(), "times": self.times.state_dict(),
         }
 
     def restore(self, ckpt: dict) -> None:
@@ -114,8 +118,10 @@ class RoundLoop:
         set_rng_state(ckpt["rng"])
         self.summary.update({k: ckpt["summary"][k] for k in
                              ("final_test_acc", "best_test_acc", "rounds_completed", "rounds_to_target")})
-        self.summary.update({k: ckpt["summary"][k] for k in ASYNC_SUMMARY if k in ckpt["summary"]})
         self.resumed_schedule = ckpt.get("schedule")
+        self.times.load_state_dict(ckpt.get("times"))
+        if self.times.enabled:
+            self.summary.update(self.times.summary(), time_to_target=ckpt["summary"].get("time_to_target"))
         for log_file, key in ((self.metrics, "metrics"), (self.weights_log, "weights"), (self.clients_log, "clients")):
             kept = ckpt.get(key, [])
             # rows written after the checkpoint are dropped; a list is the rows themselves (older checkpoints)
@@ -136,32 +142,41 @@ class RoundLoop:
         only, so a driver may begin several loops' rounds before any of them trains."""
         fed, seed = self.fed, self.settings.seed
         online = fed.system.online(seed, r, self.settings.num_clients)
-        sampled = sample_clients(self.settings, r, online)
-        rate = sampling_rate(self.settings, online)
+        count = self.times.sampled(self.settings.per_round)  # an over-selecting clock samples more than K
+        sampled = sample_clients(self.settings, r, online, count)
+        rate = sampling_rate(self.settings, online, count)
         ids = fed.system.reporting(seed, r, sampled)
-        bits = self.bits.count(len(sampled), len(ids))  # down to every sampled client, up from those that report
         lr = fed.trainer.lr_at(r, self.settings.rounds)
+        full = [fed.trainer.steps(fed.clients[i]) for i in ids]
+        budgets = fed.system.budgets(seed, r, ids, full, fed.trainer.local_epochs) if ids else None
+        timed = None
+        if self.times.enabled:  # who arrives by the deadline trains; the others are dropped before they do
+            timed = self.times.cut(r, len(sampled), ids, budgets, full, self.bits.up_each())
+            ids, budgets = timed.ids, timed.budgets
+        bits = self.bits.count(len(sampled), len(ids))  # down to every sampled client, up from those that report
         if not ids:
-            log.warning("round %d: no client reported; the global model is kept", r)
-            return RoundPlan(r, ids, rate, bits, lr, None)
+            log.warning("round %d: no client %s; the global model is kept", r,
+                        "arrived by the deadline" if timed and timed.late else "reported")
+            return RoundPlan(r, ids, rate, bits, lr, None, timed)
         chosen = [fed.clients[i] for i in ids]
-        budgets = fed.system.budgets(seed, r, ids, [fed.trainer.steps(c) for c in chosen], fed.trainer.local_epochs)
         return RoundPlan(r, ids, rate, bits, lr, RoundJob(
             fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=seed, round=r,
-            val_indices=self.provider.val_indices(chosen), budgets=budgets))
+            val_indices=self.provider.val_indices(chosen), budgets=budgets), timed)
 
     def end(self, plan: RoundPlan, trained: RoundResult | None) -> bool:
         """The round from what its clients trained (`trained`; None when nobody reported): the upload channel, the
         aggregate, the evaluation, the files and the checkpoint. False when the loop ends with this round
         (its last, diverged, at its target, or asked to stop)."""
         if plan.job is None:  # nobody reported: the global model is kept
-            return self.record({"round": plan.round, "test_acc": None, "test_loss": None, "train_loss": None,
-                                "update_norm": 0.0, "lr": plan.lr, "clients": 0, **plan.bits})
-        row = self.aggregate(plan, trained)
-        if plan.columns:
+            row = {"round": plan.round, "test_acc": None, "test_loss": None, "train_loss": None,
+                   "update_norm": 0.0, "lr": plan.lr, "clients": 0, **plan.bits}
+        else:
+            row = self.aggregate(plan, trained)
+        if plan.timed is not None:
+            row.update(self.times.add(plan.timed, len(plan.ids) if plan.job is not None else 0))
+            self.summary.update(self.times.summary())
+        if plan.columns:  # an asynchronous step's staleness
             row.update(plan.columns)
-            self.summary.update({k: plan.columns[k] for k in ("client_updates",) if k in plan.columns},
-                                final_sim_time=plan.columns.get("sim_time"))
         return self.record(row)
 
     def aggregate(self, plan: RoundPlan, result: RoundResult) -> dict:
@@ -231,8 +246,8 @@ class RoundLoop:
         s["final_test_acc"], s["best_test_acc"] = acc, max(acc, s["best_test_acc"] or 0.0)
         if self.settings.target_acc is not None and s["rounds_to_target"] is None and acc >= self.settings.target_acc:
             s["rounds_to_target"] = row["round"]
-            if "sim_time" in row:  # on the simulated clock: when it was first reached
-                s["time_to_target"] = row["sim_time"]
+            if self.times.enabled:
+                s["time_to_target"] = self.times.sim_time
 
     def client_accuracies(self, tests: list[Tensor]) -> Tensor:
         """[N] each client's accuracy on its own test split: of the global model, or where the client objective
