@@ -243,4 +243,5 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
         data.train_y = parts.attack.poison_labels(data.train_y, own, data.num_classes)
     parts.clock.connect(settings.seed, settings.num_clients)
     return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
-                      parts.system, parts.clock, parts.attack, corrupted, parts.channel, settings, parts.server)
+                      parts.system, parts.clock, server=parts.server, attack=parts.attack, corrupted=corrupted,
+                      channel=parts.channel, settings=settings)

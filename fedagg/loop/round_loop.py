@@ -61,7 +61,7 @@ class RoundPlan:
     job: RoundJob | None
     timed: Timed | None = None  # on the clock: the round's simulated seconds, who was late (None: no clock)
     # an asynchronous server's step (fedagg.loop.asynchronous): each arrival's start model [K, P] and staleness (server
-    # steps since it started), and the step's own columns (simulated time, client updates, staleness)
+    # steps since it started), and the step's own columns (the arrivals' mean and largest staleness)
     starts: Tensor | None = None
     staleness: list[int] | None = None
     columns: dict = field(default_factory=dict)
