@@ -256,3 +256,18 @@ def test_refused_in_one_line_before_training(overrides, message, tmp_path):
 def test_train_refuses_without_the_command_line_too(tmp_path):
     with pytest.raises(Exception, match="aggregator=fedbuff is not allowed with server=sync"):
         train(compose_config("device=cpu", "aggregator=fedbuff"), tmp_path, {"aggregator": "fedbuff"})
+
+
+def test_the_stacked_launcher_runs_an_asynchronous_job_alone_and_says_why():
+    from hydra import compose, initialize_config_dir
+
+    from conftest import CONF
+    from hydra_plugins.fedagg_stacked_launcher.stacked_launcher import group_key
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["device=cpu", "engine=parallel", "server=async",
+                                                       "aggregator=fedbuff", "clock=lognormal"], return_hydra_config=True)
+        sync = compose(config_name="config", overrides=["device=cpu", "engine=parallel"], return_hydra_config=True)
+    assert group_key(cfg) == (None, "server=async drives its own event queue on the simulated clock, whose server "
+                                    "steps do not line up with other runs' rounds")
+    assert group_key(sync)[0] is not None
