@@ -183,7 +183,7 @@ class RoundLoop:
         """The participants' models through the upload channel into the aggregator: the new global model, and the
         round's row of figures."""
         fed, r, ids, rate, lr, bits = self.fed, plan.round, plan.ids, plan.rate, plan.lr, plan.bits
-        on_mean = self.transmit(r, ids, result, rate)
+        on_mean = self.transmit(r, ids, result, rate, plan.starts)
         staleness = None if plan.staleness is None else torch.tensor(plan.staleness, device=self.device)
         inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr, fed.engine.clients_in_memory,
                                       on_mean, plan.starts, staleness)
@@ -210,16 +210,18 @@ class RoundLoop:
                         else out.buffers)
         return row
 
-    def transmit(self, r: int, ids: list[int], result: RoundResult, rate: float | None = None) -> ServerSide:
+    def transmit(self, r: int, ids: list[int], result: RoundResult, rate: float | None = None,
+                 starts: Tensor | None = None) -> ServerSide:
         """What the participants send passes the upload channel (compression, the corrupted clients' attack,
-        clipping and noise), in this one place, before aggregation; `rate`: the round's sampling rate. Returns
-        the channel's server side, for the aggregator's mean update."""
+        clipping and noise), in this one place, before aggregation; `rate`: the round's sampling rate; `starts`
+        [K, P]: each client's start model where they differ (an asynchronous server), else the global model.
+        Returns the channel's server side, for the aggregator's mean update."""
         rows = [k for k, i in enumerate(ids) if i in self.corrupted]
         mask = torch.zeros(len(ids), dtype=torch.bool, device=result.params.device)
         mask[rows] = True
         channel, settings = self.fed.channel, self.settings
-        up = Upload(self.params, tuple(ids), mask, settings.seed, r, settings.num_clients - len(settings.held_out_ids),
-                    rate)
+        up = Upload(self.params if starts is None else starts, tuple(ids), mask, settings.seed, r,
+                    settings.num_clients - len(settings.held_out_ids), rate)
         arrived = channel.transmit(result.params, up)
         result.params = arrived.models
         changed = list(range(len(ids))) if channel.stages else rows  # a compressor changes every model

@@ -76,7 +76,8 @@ class Asynchronous:
                              "acts on synchronous rounds' updates; use channel=none")
         system = type(parts.system)
         if system.reporting is not System.reporting or system.budgets is not System.budgets:  # asked per round
-            raise ValueError(f"system={parts.choices.get('system', system.__name__)} is not allowed with server=async: "
+            shown = f"system={parts.choices['system']}" if parts.choices.get("system") else f"system {system.__name__}"
+            raise ValueError(f"{shown} is not allowed with server=async: "
                              "on the asynchronous server the clock makes clients slow, and none drops out; use "
                              "system=none or availability")
 
