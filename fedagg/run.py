@@ -51,10 +51,17 @@ def _read_summary(run_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+# groups added after runs were written, with the option such a run ran as: its config lacks the group, and
+# resume=true (a sweep re-launched to skip what completed) must not see a change there
+ADDED_LATER = {"clock": {"_target_": "fedagg.system.clock.Clock"}}
+
+
 def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
     keys = []
     for k in sorted(set(old) | set(new)):
         a, b = old.get(k), new.get(k)
+        if not prefix and k not in old and k in ADDED_LATER and b == ADDED_LATER[k]:
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
             keys += _changed_keys(a, b, f"{prefix}{k}.")
         elif a != b and f"{prefix}{k}" not in ("resume", "overwrite") and k != DISPLAY_NAME:  # a name computes nothing

@@ -85,7 +85,7 @@ def test_fedcams_is_refused_under_a_compressing_channel_and_with_dp_in_the_users
     assert refused(tmp_path, "aggregator=fedcams", "channel=dp") == (
         "channel=dp is not allowed with aggregator=fedcams: it compresses each update after dp has clipped it and "
         "added the noise, which must reach the mean unchanged; aggregator=fedams channel=[sign,dp] compresses before dp")
-    assert refused(tmp_path, "aggregator=krum", "channel=dp").startswith(  # the chain's check, before dp's own
+    assert refused(tmp_path, "aggregator=krum", "channel=dp").startswith(  # the chain's check (channel/base.py) comes first
         "channel=dp is not allowed with aggregator=krum: dp acts on the weighted mean update on the server, which this "
         "rule never forms")
     with pytest.raises(ValueError, match=r"^channel=topk is not allowed with aggregator FedCAMS: "):

@@ -109,3 +109,12 @@ def test_every_option_builds_with_its_defaults(name):
     clock.connect(seed=0, num_clients=4)
     if clock.enabled:
         assert all(clock.step_time(k) >= 0 for k in range(4))
+
+
+def test_runs_written_before_the_clock_resume_as_clock_none():
+    from fedagg.run import _changed_keys
+
+    new = {"seed": 0, "clock": {"_target_": "fedagg.system.clock.Clock"}}
+    assert _changed_keys({"seed": 0}, new) == []  # a run from before the group ran without time: clock=none
+    assert _changed_keys({"seed": 0}, {"seed": 0, "clock": {"_target_": "fedagg.system.clock.LogNormal"}}) == ["clock"]
+    assert _changed_keys({"seed": 0, "clock": {"_target_": "fedagg.system.clock.LogNormal"}}, new) == ["clock._target_"]
