@@ -37,7 +37,6 @@ from fedagg.runtime.checkpoints import load_checkpoint
 from fedagg.runtime import interrupts, threads
 from fedagg.runtime.folder import RunFolder, clear_run, held_run, held_sweep
 from fedagg.runtime.numerics import numerics
-from fedagg.loop.drivers import run_alone
 from fedagg.loop.round_loop import RoundLoop, federation_loop
 from fedagg.config.names import DISPLAY_NAME
 from fedagg.data.device import resolve_device
@@ -54,6 +53,10 @@ def _read_summary(run_dir: Path) -> dict | None:
 
 # classes that moved: a checkpoint written before the move names the old place, and resumes as the same setting
 MOVED_TARGETS = {"fedagg.channel.base.Channel": "fedagg.channel.chain.Channel"}
+# groups added after runs were written, with the option such a run ran as: its config lacks the group, and
+# resume=true (a sweep re-launched to skip what completed) must not see a change there
+ADDED_LATER = {"clock": {"_target_": "fedagg.system.clock.Clock"}, "sampler": {"_target_": "fedagg.sampling.base.Sampler"},
+               "server": {"_target_": "fedagg.loop.server.Synchronous"}}
 
 
 def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -62,6 +65,8 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
         a, b = old.get(k), new.get(k)
         if k == "_target_":
             a = MOVED_TARGETS.get(a, a)
+        if not prefix and k not in old and k in ADDED_LATER and b == ADDED_LATER[k]:
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
             keys += _changed_keys(a, b, f"{prefix}{k}.")
         elif a != b and f"{prefix}{k}" not in ("resume", "overwrite") and k != DISPLAY_NAME:  # a name computes nothing
@@ -102,7 +107,7 @@ def train(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, ove
     with run:
         if run.loop is None:
             return run.summary
-        summary = run_alone(run.loop)
+        summary = run.loop.fed.server.drive(run.loop)  # rounds, or arrivals on the clock (server=async)
     return run.finished(summary)
 
 

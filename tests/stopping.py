@@ -3,6 +3,7 @@
 import signal
 
 from fedagg import FedAvg
+from fedagg.aggregators.fedbuff import FedBuff
 
 
 class StopInRound2(FedAvg):
@@ -24,3 +25,15 @@ def stopped_in_round_2(train, cfg, folder):
         return train(cfg, folder)
     finally:
         StopInRound2.armed = False
+
+
+class FedBuffStop(FedBuff):
+    """FedBuff; while `at` is set, its process gets one Ctrl-C in that server step: the run stops after it."""
+
+    at = None
+
+    def server_update(self, inputs, update):
+        if inputs.round == FedBuffStop.at:
+            FedBuffStop.at = None
+            signal.raise_signal(signal.SIGINT)
+        return super().server_update(inputs, update)

@@ -31,6 +31,9 @@ from fedagg.run import train
 NAMES = sorted(p.stem for p in (CONF / "aggregator").glob("*.yaml"))
 NUM_CLIENTS, NUM_CLASSES = 7, 3
 ROUNDS = [[0, 2, 5, 6], [5, 1, 2], [3, 6, 0, 4, 1]]  # partial participation: who takes part in rounds 1-3
+# a rule of the asynchronous server steps on `buffer_size` arrivals: one at a time (FedAsync), or a buffer of them
+ONE_AT_A_TIME = [[2], [5], [2]]
+ASYNC_RUN = ["server=async", "clock=lognormal", "server.concurrency=6"]  # what such a rule runs with
 NEEDS_MODEL = {"fedbn": ["model=cnn_bn"]}  # a method that refuses the default MLP: the model it needs
 LR, SOLVER = 0.05, LocalSolver(momentum=0.0, nesterov=False, weight_decay=0.0, proximal_mu=0.0, keeps_momentum=False)
 
@@ -50,28 +53,41 @@ class Net(nn.Module):
         return self.net(x)
 
 
-class Federation:
-    """Seeded client models for ROUNDS, and the declared extras a provider would give."""
+def rounds_of(agg: Aggregator) -> list[list[int]]:
+    return ONE_AT_A_TIME if agg.asynchronous and agg.buffer_size == 1 else ROUNDS
 
-    def __init__(self, seed: int = 0) -> None:
+
+def run_overrides(name: str) -> list[str]:
+    """What a run of the rule needs beside the common settings: the asynchronous server, or nothing."""
+    return ASYNC_RUN if make(name).asynchronous else ["clients_per_round=6"]
+
+
+class Federation:
+    """Seeded client models for ROUNDS (an asynchronous rule's: also their start models and staleness), and the
+    declared extras a provider would give."""
+
+    def __init__(self, seed: int = 0, rounds: list[list[int]] = ROUNDS) -> None:
+        self.rounds = rounds
         g = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         self.model = Net()
         self.layout = ParamLayout.of(self.model)
         self.w0 = get_params(self.model)
         p = self.w0.numel()
-        self.deltas = [0.1 * torch.randn(len(ids), p, generator=g) for ids in ROUNDS]
+        self.deltas = [0.1 * torch.randn(len(ids), p, generator=g) for ids in rounds]
         self.all_num_samples = torch.randint(5, 40, (NUM_CLIENTS,), generator=g)
         self.hist = torch.stack([torch.bincount(torch.randint(0, NUM_CLASSES, (int(n),), generator=g),
                                                 minlength=NUM_CLASSES) for n in self.all_num_samples]).float()
-        self.val_acc = [torch.rand(len(ids), generator=g) * 0.8 + 0.1 for ids in ROUNDS]
-        self.steps = [torch.randint(1, 9, (len(ids),), generator=g) for ids in ROUNDS]
+        self.val_acc = [torch.rand(len(ids), generator=g) * 0.8 + 0.1 for ids in rounds]
+        self.steps = [torch.randint(1, 9, (len(ids),), generator=g) for ids in rounds]
+        self.staleness = [torch.randint(0, 6, (len(ids),), generator=g) for ids in rounds]
+        self.start_shift = [0.05 * torch.randn(len(ids), p, generator=g) for ids in rounds]
         self.server = (torch.randn(24, 4, generator=g), torch.randint(0, NUM_CLASSES, (24,), generator=g))
 
     def inputs(self, agg: Aggregator, r: int, w: torch.Tensor, order: list[int] | None = None) -> RoundInputs:
         """Round r (0-based) from global w, its clients listed in `order` (positions into ROUNDS[r])."""
-        order = torch.tensor(order if order is not None else range(len(ROUNDS[r])))
-        ids = torch.tensor(ROUNDS[r])[order]
+        order = torch.tensor(order if order is not None else range(len(self.rounds[r])))
+        ids = torch.tensor(self.rounds[r])[order]
         needs = agg.needs
         server = None
         if needs.server_data:
@@ -88,7 +104,15 @@ class Federation:
         sensitivity = None
         if needs.sensitivity is not None:  # what local training measured, per client of the round
             width = needs.sensitivity.width(list(self.layout.shapes))
-            sensitivity = torch.rand(len(ROUNDS[r]), width, generator=torch.Generator().manual_seed(r))[order]
+            sensitivity = torch.rand(len(self.rounds[r]), width, generator=torch.Generator().manual_seed(r))[order]
+        arrivals = {}
+        if agg.asynchronous:  # each arrival started from an older model, some server steps ago
+            start = w + self.start_shift[r][order]
+            trained = start + self.deltas[r][order]
+            arrivals = {"start_params": start, "staleness": self.staleness[r][order]}
+        if needs.buffers:
+            buffers = get_buffers(self.model)
+            arrivals.update(global_buffers=buffers, client_buffers=buffers + 0.1 * self.deltas[r][order, :1])
         return RoundInputs(
             global_params=w, client_params=trained, num_samples=self.all_num_samples[ids], sensitivity=sensitivity,
             client_ids=ids, round=r + 1, layout=self.layout, all_num_samples=self.all_num_samples,
@@ -97,7 +121,7 @@ class Federation:
             global_label_hist=self.hist.sum(0) if needs.label_hist else None,
             server=server, local_steps=steps if needs.local_steps else None,
             local_lr=LR if needs.local_steps else None, local_solver=SOLVER if needs.local_steps else None,
-            payloads=payloads,
+            payloads=payloads, **arrivals,
         )
 
 
@@ -131,8 +155,9 @@ def test_yaml_instantiates_with_the_constructors_defaults(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_weights_are_a_distribution_and_diagnostics_finite(name):
-    agg, fed = make(name), Federation()
-    for (w, weights, diagnostics, res), ids in zip(run_rounds(agg, fed, range(len(ROUNDS))), ROUNDS):
+    agg = make(name)
+    fed = Federation(rounds=rounds_of(agg))
+    for (w, weights, diagnostics, res), ids in zip(run_rounds(agg, fed, range(len(fed.rounds))), fed.rounds):
         assert weights.shape == (len(ids),) and bool((weights >= 0).all())
         assert float(weights.sum()) == pytest.approx(1.0, abs=1e-5)
         assert w.shape == fed.w0.shape and bool(torch.isfinite(w).all())
@@ -143,10 +168,11 @@ def test_weights_are_a_distribution_and_diagnostics_finite(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_clients_are_known_by_id_not_by_position(name):
-    fed = Federation()
-    listed = run_rounds(make(name), fed, range(len(ROUNDS)))
-    orders = [list(reversed(range(len(ids)))) if r % 2 == 0 else [1, 2, 0] for r, ids in enumerate(ROUNDS)]
-    shuffled = run_rounds(make(name), fed, range(len(ROUNDS)), orders)
+    fed = Federation(rounds=rounds_of(make(name)))
+    listed = run_rounds(make(name), fed, range(len(fed.rounds)))
+    orders = [list(reversed(range(len(ids)))) if r % 2 == 0 or len(ids) < 3 else [1, 2, 0]
+              for r, ids in enumerate(fed.rounds)]
+    shuffled = run_rounds(make(name), fed, range(len(fed.rounds)), orders)
     for (w_a, p_a, _, _), (w_b, p_b, _, _), order in zip(listed, shuffled, orders):
         torch.testing.assert_close(w_b, w_a, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(p_b, p_a[order], rtol=1e-4, atol=1e-6)
@@ -154,8 +180,8 @@ def test_clients_are_known_by_id_not_by_position(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_state_round_trip_through_a_checkpoint_continues_bit_for_bit(name):
-    fed = Federation()
     whole = make(name)
+    fed = Federation(rounds=rounds_of(whole))
     run_rounds(whole, fed, [0, 1])
     buffer = io.BytesIO()
     torch.save(whole.state_dict(), buffer)
@@ -192,7 +218,7 @@ class InterruptAtRound2:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_an_interrupted_run_resumes_bit_for_bit(tmp_path, name):
-    base = ["rounds=3", "device=cpu", f"aggregator={name}", "clients_per_round=6", "client.momentum=0.9",
+    base = ["rounds=3", "device=cpu", f"aggregator={name}", *run_overrides(name), "client.momentum=0.9",
             "client.local_epochs=1"]
     try:  # kept momentum is client state a resume must restore, where the method allows it (FedNova does not)
         make(name).check_clients(ClientSetup(LocalSolver(0.9, False, 0.0, 0.0, keeps_momentum=True), 7, 6))
@@ -227,6 +253,13 @@ def test_runs_under_every_attack_and_every_system(tmp_path, name, attack, system
     if name == "fedlaw":
         overrides.append("aggregator.server_epochs=5")
     overrides += NEEDS_MODEL.get(name, [])
+    if make(name).asynchronous:  # on the asynchronous server the clock makes clients slow: no system drops them
+        overrides = [*[o for o in overrides if not o.startswith("clients_per_round")], *ASYNC_RUN]
+        if system != "availability":
+            with pytest.raises(ValueError, match=rf"^system {system.title()} is not allowed with server=async") as err:
+                train(compose_config(*overrides), tmp_path)
+            assert "\n" not in str(err.value)
+            return
     summary = train(compose_config(*overrides), tmp_path)
     assert summary["status"] in ("completed", "diverged") and len(summary["corrupted_clients"]) == 2
     rows = _rows(tmp_path / "weights.csv")

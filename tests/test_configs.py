@@ -15,7 +15,7 @@ from fedagg.sampling.base import Sampler
 from fedagg.tracking.base import Tracker
 
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack", "channel",
-          "sampler")
+          "sampler", "server")
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 
 
@@ -46,6 +46,8 @@ def test_option_composes_and_instantiates(group, option):
     elif group == "channel":
         # `attack` names only the attack's place, which every chain has
         assert isinstance(obj, Channel) and len(obj.stages) == (option not in ("none", "attack"))
+    elif group == "server":
+        assert obj.asynchronous == (option == "async") and callable(obj.drive)
     elif group in ("dataset", "partition"):
         assert callable(obj)  # partials: the loader needs data.root, the partition needs labels
     else:

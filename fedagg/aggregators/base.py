@@ -51,6 +51,8 @@ class AggregateResult:
     evaluated: [P] the parameters the test set scores, when the method's paper scores
     another model than `params` (FedNNNN's plain average); None: `params`.
     metrics: the round's diagnostics by name (FedExP's server rate): `agg_<name>` columns of metrics.csv.
+    buffers: [B] the new global buffers when the rule makes them itself (FedAsync mixes them with the global
+    ones); None: the participants' combined by `weights_for_buffers()`.
     """
 
     params: Tensor
@@ -58,6 +60,7 @@ class AggregateResult:
     buffer_weights: Tensor | None = None
     evaluated: Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    buffers: Tensor | None = None
 
     def weights_for_buffers(self) -> Tensor:
         return self.weights if self.buffer_weights is None else self.buffer_weights
@@ -96,6 +99,9 @@ class Aggregator(metaclass=Named):
     # `same_uncompressed` names the option that is the rule without its own compression, as the user types it
     compresses_uploads: ClassVar[bool] = False
     same_uncompressed: ClassVar[str] = ""
+    # True: a rule of an asynchronous server (`server=async`: FedAsync, FedBuff; fedagg.aggregators.asynchronous),
+    # which steps on arrivals as they come; a synchronous rule runs only under `server=sync`, and the reverse
+    asynchronous: ClassVar[bool] = False
 
     @checked("aggregator.")
     def __init__(self, weighting: Weighting = "samples") -> None:

@@ -124,6 +124,9 @@ class RoundInputs:
     block_rows: int | None = None
     # the model(s) the clients started from: [P] (every client from one model) or [K, P]; None: global_params
     start_params: Tensor | None = None
+    # [K] long: server steps taken since each update's start model (an asynchronous server's arrivals); None: a
+    # synchronous round, where every update is against global_params
+    staleness: Tensor | None = None
     # the upload channel's server side (DP's noise, a compressor's decoding): what the weighted mean update
     # sum_k p_k Delta_k becomes before the server step (the base `Aggregator.aggregate` applies it); None: as it is
     on_mean: Callable[[Tensor], Tensor] | None = None

@@ -29,8 +29,8 @@ def num_steps(num_samples: int, batch_size: int, epochs: int) -> int:
 
 
 class BatchPlan:
-    def __init__(self, clients: list[ClientData], data, *, batch_size: int, epochs: int, seed: int, round: int,
-                 budgets: list[int] | None = None) -> None:
+    def __init__(self, clients: list[ClientData], data, *, batch_size: int, epochs: int, seed: int,
+                 round: int | list[int], budgets: list[int] | None = None) -> None:
         """`clients` must be ordered by the steps they take, most first; a client with a budget stops after
         that many steps (its batches are drawn as for a full round, so a budget only cuts it short)."""
         self.data, self.batch_size = data, batch_size
@@ -42,8 +42,9 @@ class BatchPlan:
             raise ValueError("BatchPlan needs clients ordered by their number of steps, most first")
         order, crops = [], []
         span = crop_geometry(data)[2] if data.augment else 0
-        for client, n in zip(clients, sizes):
-            g = generator(seed, "batches", client.id, round, device=data.device)
+        draws = round if isinstance(round, list) else [round] * len(clients)  # each client's stream, or the round's
+        for client, n, draw in zip(clients, sizes, draws):
+            g = generator(seed, "batches", client.id, draw, device=data.device)
             dev = client.train_idx.device
             for _ in range(epochs):
                 order.append(client.train_idx[torch.randperm(n, generator=g, device=dev)])

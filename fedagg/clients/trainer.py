@@ -129,10 +129,11 @@ class LocalSGD:
         full = num_steps(client.num_samples, self.batch_size, self.local_epochs)
         return full if budget is None else min(full, budget)
 
-    def plan(self, clients: list[ClientData], data, *, seed: int, round: int,
+    def plan(self, clients: list[ClientData], data, *, seed: int, round: int | list[int],
              budgets: list[int] | None = None) -> BatchPlan:
         """Every batch of these clients' round, drawn from each client's own stream (most steps first);
-        a client with a budget takes the first `budget` batches of its plan."""
+        a client with a budget takes the first `budget` batches of its plan. `round`: the stream of every client,
+        or of each (`RoundJob.draws`)."""
         return BatchPlan(clients, data, batch_size=self.batch_size, epochs=self.local_epochs, seed=seed, round=round,
                          budgets=budgets)
 

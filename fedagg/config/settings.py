@@ -91,15 +91,16 @@ def sampling_pool(settings: Settings, online: Tensor | None = None) -> Tensor:
     return pool
 
 
-def sampling_rate(settings: Settings, online: Tensor | None = None) -> float:
-    """The chance that a client of the round's pool is sampled: K over the pool, 1 when K covers it (the privacy
-    accountant's q; held-out and offline clients are never sampled)."""
+def sampling_rate(settings: Settings, online: Tensor | None = None, count: int | None = None) -> float:
+    """The chance that a client of the round's pool is sampled: K (or `count`, an over-selecting clock's) over the
+    pool, 1 when that covers it (the privacy accountant's q; held-out and offline clients are never sampled)."""
     pool = len(sampling_pool(settings, online))
-    return min(1.0, settings.per_round / pool) if pool else 0.0
+    return min(1.0, (count or settings.per_round) / pool) if pool else 0.0
 
 
-def sample_clients(settings: Settings, round: int, online: Tensor | None = None) -> list[int]:
-    """Client ids taking part in `round` under the default sampler (uniform), ascending: `clients_per_round` of the
-    clients `online` [N] marks (everyone when None), or all of them when no more are online."""
-    return Sampler().choose(settings.per_round, sampling_pool(settings, online), round,
+def sample_clients(settings: Settings, round: int, online: Tensor | None = None, count: int | None = None) -> list[int]:
+    """Client ids taking part in `round` under the default sampler (uniform), ascending: `clients_per_round` (or
+    `count`, an over-selecting clock's ⌈(1 + o)K⌉) of the clients `online` [N] marks (everyone when None), or all
+    of them when no more are online."""
+    return Sampler().choose(count or settings.per_round, sampling_pool(settings, online), round,
                             Draw(settings.seed, torch.zeros(settings.num_clients, dtype=torch.long)))

@@ -74,7 +74,8 @@ class Part:
         self.job, self.idx = job, idx
         self.clients = [job.clients[k] for k in idx]
         budgets = None if job.budgets is None else [job.budgets[k] for k in idx]
-        self.plan = job.trainer.plan(self.clients, job.data, seed=job.seed, round=job.round, budgets=budgets)
+        self.plan = job.trainer.plan(self.clients, job.data, seed=job.seed, round=[job.draw(k) for k in idx],
+                                     budgets=budgets)
         self.loss_key = loss_key(job.trainer)
         self.starts = job.trainer.starts(self.clients, job.global_params, job.global_buffers)
         # a batch's samples must not interact: an objective that reads the forward pass (FedDecorr's batch

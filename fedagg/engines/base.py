@@ -34,9 +34,16 @@ class RoundJob:
     round: int
     val_indices: list[Tensor] | None = None  # where to score each trained client model, when asked
     budgets: list[int] | None = None  # most local steps each client may take (stragglers); None: all of them
+    # each client's batch stream (seed, "batches", id, draw): its n-th local training on an asynchronous server,
+    # where one client may train twice from one server version; None: every client's is the round's
+    draws: list[int] | None = None
 
     def budget(self, k: int) -> int | None:
         return None if self.budgets is None else self.budgets[k]
+
+    def draw(self, k: int) -> int:
+        """Which of client k's batch streams it trains on: the round, or its own count (`draws`)."""
+        return self.round if self.draws is None else self.draws[k]
 
     def steps(self) -> list[int]:
         """The local steps each client takes."""
@@ -72,6 +79,11 @@ class Engine:
 
     def train_round(self, job: RoundJob) -> RoundResult:
         raise NotImplementedError
+
+    def train_rounds(self, jobs: list[RoundJob]) -> list[RoundResult]:
+        """Several jobs (each its own start model, learning rate and clients): one at a time here; the parallel
+        engine trains them in one computation. Each result is what `train_round` gives its job alone."""
+        return [self.train_round(job) for job in jobs]
 
 
 def stack_payloads(payloads: list[dict[str, Tensor] | None]) -> dict[str, Tensor]:

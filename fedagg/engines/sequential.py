@@ -32,7 +32,7 @@ class SequentialEngine(Engine):
             set_buffers(job.model, job.global_buffers if start is None else start[1][0])
             # what the model draws from torch's global generator (dropout's masks) comes from the client's own
             # stream, as its batches do: a run's seed determines it, whatever ran before in the process
-            draws = stream_seed(job.seed, "training_draws", job.round, job.clients[k].id)
+            draws = stream_seed(job.seed, "training_draws", job.draw(k), job.clients[k].id)
             with global_rng(draws, job.global_params.device):
                 loss, payload, sensitivity = self._train_client(job, k)
             losses.append(loss)
@@ -57,7 +57,8 @@ class SequentialEngine(Engine):
         or None)."""
         trainer, model, client = job.trainer, job.model, job.clients[k]
         budget = job.budget(k)
-        plan = trainer.plan([client], job.data, seed=job.seed, round=job.round, budgets=None if budget is None else [budget])
+        plan = trainer.plan([client], job.data, seed=job.seed, round=job.draw(k),
+                            budgets=None if budget is None else [budget])
         params, templates = list(model.parameters()), list(model.buffers())
         shapes = [p.shape for p in params]
         sgd = trainer.optimizer([p.data.unsqueeze(0) for p in params], [client], job.lr, model)  # steps write into the model

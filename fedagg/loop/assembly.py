@@ -28,11 +28,13 @@ from fedagg.data.partition_report import partition_stats
 from fedagg.data.seeding import generator
 from fedagg.engines.base import Engine
 from fedagg.loop.inputs import check_needs
+from fedagg.loop.server import Synchronous
 from fedagg.config.settings import Settings
 from fedagg.loop.splits import build_model, hold_out_server_split, make_clients, shrink
 from fedagg.models.base import Backbone
 from fedagg.sampling.base import Sampler
 from fedagg.system.base import System
+from fedagg.system.clock import Clock
 from fedagg.tracking.base import Tracker
 
 DEFAULT_VAL_FRAC, DEFAULT_TEST_FRAC = 0.1, 0.2
@@ -51,6 +53,8 @@ class Parts:
     engine: Engine
     logger: Tracker = field(default_factory=Tracker)
     system: System = field(default_factory=System)  # who is online, reports, and how many steps each takes
+    clock: Clock = field(default_factory=Clock)  # simulated time (clock=none: none)
+    server: object = field(default_factory=Synchronous)  # rounds, or arrivals (fedagg.loop.server)
     attack: Attack = field(default_factory=Attack)  # which clients are corrupted, and how
     channel: Channel | list | None = None  # what clients send (compression, privacy): a Channel or a list of stages
     sampler: Sampler = field(default_factory=Sampler)  # who of those that can take part trains (uniform)
@@ -70,6 +74,8 @@ class Federation:
     server_idx: Tensor  # training-pool samples the server holds out (never a client's)
     partition: dict = field(default_factory=dict)  # sizes and class counts, for partition.json
     system: System = field(default_factory=System)
+    clock: Clock = field(default_factory=Clock)
+    server: object = field(default_factory=Synchronous)  # its `drive(loop)` runs the rounds
     attack: Attack = field(default_factory=Attack)
     corrupted: list[int] = field(default_factory=list)  # ids of the corrupted clients
     channel: Channel = field(default_factory=Channel)
@@ -93,6 +99,7 @@ def connect(parts: Parts, settings: Settings) -> None:
     sampleable = settings.num_clients - len(settings.held_out_ids)
     parts.sampler.check(settings.per_round, sampleable)
     sampler = "" if parts.sampler.equal_chance else f"sampler={parts.choices.get('sampler', type(parts.sampler).__name__)}"
+    parts.server.check(parts, settings)  # the rule, clock, channel and system its schedule can run
     parts.channel.check(Setup(
         settings.num_clients, settings.per_round, sampleable=sampleable, online_varies=parts.system.takes_clients_offline,
         rule=describe(parts.aggregator, parts.choices.get("aggregator")), sampler=sampler))
@@ -241,5 +248,7 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     if corrupted:  # a data attack changes the corrupted clients' labels once, for every engine
         own = torch.cat([torch.cat([clients[i].train_idx, clients[i].val_idx]) for i in corrupted])
         data.train_y = parts.attack.poison_labels(data.train_y, own, data.num_classes)
+    parts.clock.connect(settings.seed, settings.num_clients)
     return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
-                      parts.system, parts.attack, corrupted, parts.channel, parts.sampler, settings)
+                      parts.system, parts.clock, server=parts.server, attack=parts.attack, corrupted=corrupted,
+                      channel=parts.channel, sampler=parts.sampler, settings=settings)

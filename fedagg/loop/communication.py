@@ -32,13 +32,18 @@ class BitCounter:
     def count(self, sampled: int, reported: int) -> dict[str, int | None]:
         """The round's metrics columns: bits sent down to `sampled` clients, up from the `reported` ones, totals."""
         per_client = self.aggregator.bits(self.num_params)
-        sent = self.channel.bits_up(self.num_params)
-        up_each = per_client.up if sent is None else sent + per_client.beside_model  # the channel sends the model
-        buffers = dense(self.num_buffers)
-        down, up = sampled * (per_client.down + buffers), reported * (up_each + buffers)
+        down, up = sampled * (per_client.down + dense(self.num_buffers)), reported * self.up_each()
         if self.up_total is not None:
             self.down_total, self.up_total = self.down_total + down, self.up_total + up
         return {"bits_down": down, "bits_up": up, "bits_down_total": self.down_total, "bits_up_total": self.up_total}
+
+    def up_each(self) -> int:
+        """Bits one reporting client sends up: its model as the method or the channel sends it, what the method
+        sends beside it, its buffers (the clock's upload time)."""
+        per_client = self.aggregator.bits(self.num_params)
+        sent = self.channel.bits_up(self.num_params)
+        up_each = per_client.up if sent is None else sent + per_client.beside_model  # the channel sends the model
+        return up_each + dense(self.num_buffers)
 
     def state_dict(self) -> dict:
         return {"up_total": self.up_total, "down_total": self.down_total}

@@ -5,7 +5,8 @@
 still running, one `train_rounds` call of the (parallel) engine for all their jobs, `end` on each. A loop that
 ends (its last round, diverged, failed, stopped) leaves; the others go on. It is the stacked launcher's driver
 (hydra_plugins/fedagg_stacked_launcher): a sweep's runs of one model structure share the device that way,
-each still its own run (its folder, files, checkpoints, resume).
+each still its own run (its folder, files, checkpoints, resume). `run_async(loop, C)` (fedagg.loop.asynchronous)
+drives one loop on the asynchronous server: an event queue of arrivals on the simulated clock.
 """
 
 from __future__ import annotations
@@ -27,13 +28,22 @@ Outcome = dict | BaseException  # a loop's summary, or what ended it: an error, 
 def run_alone(loop: RoundLoop) -> dict:
     """The run's remaining rounds on its own engine; its summary. A second Ctrl-C raises StoppedNow once the
     folder says how far the run got; an error is raised after summary.json records it."""
+    def one_round() -> None:
+        plan = loop.begin(loop.next_round)
+        loop.end(plan, None if plan.job is None else loop.fed.engine.train_round(plan.job))
+
+    return drive(loop, one_round)
+
+
+def drive(loop: RoundLoop, step: Callable[[], None]) -> dict:
+    """Call `step` while the loop runs (a round; on the asynchronous server an event); the loop's summary. What a
+    driver of one loop shares: the stop requests, the progress bar, a failure or a second Ctrl-C recorded."""
     # the handlers stay until the last file is written: a second Ctrl-C waits for a write to end
     with StopRequests() as stop:
         loop.start(stop, RoundProgress(loop.next_round, loop.settings.rounds))
         try:
             while loop.running:
-                plan = loop.begin(loop.next_round)
-                loop.end(plan, None if plan.job is None else loop.fed.engine.train_round(plan.job))
+                step()
         except KeyboardInterrupt:
             loop.stopped_at_once()
             raise StoppedNow from None

@@ -75,8 +75,10 @@ class InputsProvider:
         return ServerData(x=self.server_x, y=targets(self.data, "train", self.server_idx), model=self.model, buffers=copies)
 
     def inputs(self, params: Tensor, buffers: Tensor, result: RoundResult, ids: list[int], round: int,
-               lr: float, block_rows: int | None = None, on_mean=None) -> RoundInputs:
-        """`on_mean`: the upload channel's server side for this round (`fedagg.channel.chain.ServerSide`)."""
+               lr: float, block_rows: int | None = None, on_mean=None, start_params: Tensor | None = None,
+               staleness: Tensor | None = None) -> RoundInputs:
+        """`on_mean`: the upload channel's server side for this round (`fedagg.channel.chain.ServerSide`);
+        `start_params` [K, P] and `staleness` [K]: each arrival's start model and age on an asynchronous server."""
         needs = self.needs
         hist = self.label_hist
         return RoundInputs(
@@ -100,5 +102,7 @@ class InputsProvider:
             payloads=result.payloads,
             sensitivity=result.sensitivity if needs.sensitivity else None,
             block_rows=block_rows,
+            start_params=start_params,
+            staleness=staleness,
             on_mean=on_mean,
         )

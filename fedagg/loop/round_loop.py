@@ -15,7 +15,7 @@ import logging
 import math
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,6 +31,7 @@ from fedagg.loop.communication import BitCounter
 from fedagg.loop.diagnostics import round_diagnostics
 from fedagg.loop.evaluation import client_losses, evaluate, per_client_accuracy, spread
 from fedagg.loop.inputs import InputsProvider
+from fedagg.loop.timing import RoundTimes, Timed
 from fedagg.runtime.interrupts import StopRequests
 from fedagg.runtime.progress import RoundProgress
 from fedagg.config.settings import Settings, sampling_pool, sampling_rate
@@ -60,6 +61,12 @@ class RoundPlan:
     bits: dict  # communicated bits, down and up
     lr: float
     job: RoundJob | None
+    timed: Timed | None = None  # on the clock: the round's simulated seconds, who was late (None: no clock)
+    # an asynchronous server's step (fedagg.loop.asynchronous): each arrival's start model [K, P] and staleness (server
+    # steps since it started), and the step's own columns (the arrivals' mean and largest staleness)
+    starts: Tensor | None = None
+    staleness: list[int] | None = None
+    columns: dict = field(default_factory=dict)
 
 
 class RoundLoop:
@@ -75,6 +82,9 @@ class RoundLoop:
         self.summary = dict(summary_base, status="running", final_test_acc=None, best_test_acc=None,
                             rounds_completed=0, rounds_to_target=None, target_acc=settings.target_acc)
         self.next_round, self.elapsed_before, self.ended = 1, 0.0, False
+        # a driver's own state that checkpoints must hold (the asynchronous server's clients in flight and queue):
+        # `schedule` while it runs, `resumed_schedule` as a checkpoint left it
+        self.schedule, self.resumed_schedule = None, None
         self.summary["server_samples"] = int(fed.server_idx.numel())
         self.summary["uses_extra_data"] = fed.aggregator.needs.uses_extra_data
         self.summary["corrupted_clients"] = fed.corrupted
@@ -83,6 +93,9 @@ class RoundLoop:
         sizes = torch.tensor([c.num_samples for c in fed.clients], dtype=torch.long)
         self.draw = Draw(settings.seed, sizes, self.client_losses if fed.sampler.needs_losses else None)
         self.bits = BitCounter(fed.aggregator, self.params.numel(), self.buffers.numel(), fed.channel)
+        self.times = RoundTimes(fed.clock)
+        if self.times.enabled:
+            self.summary.update(self.times.summary(), time_to_target=None)
         # an aggregator with per-client state (FedCAMS's errors) names its stores too; most have none
         stores = {**fed.trainer.client_stores(), **fed.aggregator.client_stores(), **fed.channel.client_stores()}
         for name, store in stores.items():  # per-client state past its memory budget goes here
@@ -90,13 +103,16 @@ class RoundLoop:
 
     # -- checkpoints ---------------------------------------------------------------------
     def state(self, elapsed: float) -> dict:
+        # first: the schedule may train what is in flight, which changes the trainer's state (client stores)
+        schedule = None if self.schedule is None else self.schedule.state_dict()
         return {
+            "schedule": schedule,
             "round": self.summary["rounds_completed"], "params": self.params, "buffers": self.buffers,
             "aggregator": self.fed.aggregator.state_dict(), "trainer": self.fed.trainer.state_dict(),
             "rng": rng_state(), "summary": self.summary, "elapsed_s": elapsed,
             # how far each CSV file had got, not its rows: resume cuts the files back to this point
             "metrics": self.metrics.mark(), "weights": self.weights_log.mark(), "clients": self.clients_log.mark(),
-            "bits": self.bits.state_dict(), "channel": self.fed.channel.state_dict(),
+            "bits": self.bits.state_dict(), "channel": self.fed.channel.state_dict(), "times": self.times.state_dict(),
         }
 
     def restore(self, ckpt: dict) -> None:
@@ -106,6 +122,10 @@ class RoundLoop:
         set_rng_state(ckpt["rng"])
         self.summary.update({k: ckpt["summary"][k] for k in
                              ("final_test_acc", "best_test_acc", "rounds_completed", "rounds_to_target")})
+        self.resumed_schedule = ckpt.get("schedule")
+        self.times.load_state_dict(ckpt.get("times"))
+        if self.times.enabled:
+            self.summary.update(self.times.summary(), time_to_target=ckpt["summary"].get("time_to_target"))
         for log_file, key in ((self.metrics, "metrics"), (self.weights_log, "weights"), (self.clients_log, "clients")):
             kept = ckpt.get(key, [])
             # rows written after the checkpoint are dropped; a list is the rows themselves (older checkpoints)
@@ -126,19 +146,26 @@ class RoundLoop:
         only, so a driver may begin several loops' rounds before any of them trains."""
         fed, seed = self.fed, self.settings.seed
         online = fed.system.online(seed, r, self.settings.num_clients)
-        sampled = fed.sampler.choose(self.settings.per_round, sampling_pool(self.settings, online), r, self.draw)
-        rate = sampling_rate(self.settings, online)
+        count = self.times.sampled(self.settings.per_round) or self.settings.per_round  # over-selecting: more than K
+        sampled = fed.sampler.choose(count, sampling_pool(self.settings, online), r, self.draw)
+        rate = sampling_rate(self.settings, online, count)
         ids = fed.system.reporting(seed, r, sampled)
-        bits = self.bits.count(len(sampled), len(ids))  # down to every sampled client, up from those that report
         lr = fed.trainer.lr_at(r, self.settings.rounds)
+        full = [fed.trainer.steps(fed.clients[i]) for i in ids]
+        budgets = fed.system.budgets(seed, r, ids, full, fed.trainer.local_epochs) if ids else None
+        timed = None
+        if self.times.enabled:  # who arrives by the deadline trains; the others are dropped before they do
+            timed = self.times.cut(r, len(sampled), ids, budgets, full, self.bits.up_each())
+            ids, budgets = timed.ids, timed.budgets
+        bits = self.bits.count(len(sampled), len(ids))  # down to every sampled client, up from those that report
         if not ids:
-            log.warning("round %d: no client reported; the global model is kept", r)
-            return RoundPlan(r, ids, rate, bits, lr, None)
+            log.warning("round %d: no client %s; the global model is kept", r,
+                        "arrived by the deadline" if timed and timed.late else "reported")
+            return RoundPlan(r, ids, rate, bits, lr, None, timed)
         chosen = [fed.clients[i] for i in ids]
-        budgets = fed.system.budgets(seed, r, ids, [fed.trainer.steps(c) for c in chosen], fed.trainer.local_epochs)
         return RoundPlan(r, ids, rate, bits, lr, RoundJob(
             fed.model, fed.trainer, fed.data, chosen, self.params, self.buffers, lr=lr, seed=seed, round=r,
-            val_indices=self.provider.val_indices(chosen), budgets=budgets))
+            val_indices=self.provider.val_indices(chosen), budgets=budgets), timed)
 
     def client_losses(self, ids: Tensor, samples: int | None = None, generator: torch.Generator | None = None) -> Tensor:
         """[M] the current global model's mean loss on clients `ids`' training data, for a sampler that scores
@@ -153,18 +180,25 @@ class RoundLoop:
         aggregate, the evaluation, the files and the checkpoint. False when the loop ends with this round
         (its last, diverged, at its target, or asked to stop)."""
         if plan.job is None:  # nobody reported: the global model is kept
-            return self.record({"round": plan.round, "test_acc": None, "test_loss": None, "train_loss": None,
-                                "update_norm": 0.0, "lr": plan.lr, "clients": 0, **plan.bits})
-        return self.record(self.aggregate(plan, trained))
+            row = {"round": plan.round, "test_acc": None, "test_loss": None, "train_loss": None,
+                   "update_norm": 0.0, "lr": plan.lr, "clients": 0, **plan.bits}
+        else:
+            row = self.aggregate(plan, trained)
+        if plan.timed is not None:
+            row.update(self.times.add(plan.timed, len(plan.ids) if plan.job is not None else 0))
+            self.summary.update(self.times.summary())
+        if plan.columns:  # an asynchronous step's staleness
+            row.update(plan.columns)
+        return self.record(row)
 
     def aggregate(self, plan: RoundPlan, result: RoundResult) -> dict:
         """The participants' models through the upload channel into the aggregator: the new global model, and the
         round's row of figures."""
-        fed, r, ids, rate, lr, bits, chosen = (self.fed, plan.round, plan.ids, plan.rate, plan.lr, plan.bits,
-                                               plan.job.clients)
-        on_mean = self.transmit(r, ids, result, rate)
+        fed, r, ids, rate, lr, bits = self.fed, plan.round, plan.ids, plan.rate, plan.lr, plan.bits
+        on_mean = self.transmit(r, ids, result, rate, plan.starts)
+        staleness = None if plan.staleness is None else torch.tensor(plan.staleness, device=self.device)
         inputs = self.provider.inputs(self.params, self.buffers, result, ids, r, lr, fed.engine.clients_in_memory,
-                                      on_mean)
+                                      on_mean, plan.starts, staleness)
         out = fed.aggregator.aggregate(inputs)
         if on_mean.needed and not on_mean.applied:
             raise ValueError(f"channel={fed.channel.shown} is not allowed with aggregator {type(fed.aggregator).__name__}: "
@@ -174,28 +208,32 @@ class RoundLoop:
         data_weights = sample_weights(inputs.num_samples)
         row = {"round": r, "test_acc": None, "test_loss": None, "train_loss": float(data_weights @ result.train_loss),
                **round_diagnostics(inputs, new_params, weights),
-               "lr": lr, "clients": len(chosen), **bits, **(sent := fed.channel.metrics()),
+               "lr": lr, "clients": len(ids), **bits, **(sent := fed.channel.metrics()),
                **{f"agg_{k}": v for k, v in out.metrics.items()}}
         for key in sent:
             self.summary.pop(f"final_{key}_infinite", None)  # set again below while the value is infinite
         self.summary.update(summary_values(sent))  # e.g. final_dp_epsilon
-        self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t)}
-                                for i, w, n, t in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
-                                                      result.local_steps.tolist()))
+        ages = [{}] * len(ids) if plan.staleness is None else [{"staleness": s} for s in plan.staleness]
+        self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t),
+                                 **age} for i, w, n, t, age in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
+                                                                   result.local_steps.tolist(), ages))
         self.params, self.tested = new_params, out.tested_params()
-        self.buffers = combine_buffers(result.buffers, out.weights_for_buffers())
+        self.buffers = (combine_buffers(result.buffers, out.weights_for_buffers()) if out.buffers is None
+                        else out.buffers)
         return row
 
-    def transmit(self, r: int, ids: list[int], result: RoundResult, rate: float | None = None) -> ServerSide:
+    def transmit(self, r: int, ids: list[int], result: RoundResult, rate: float | None = None,
+                 starts: Tensor | None = None) -> ServerSide:
         """What the participants send passes the upload channel (compression, the corrupted clients' attack,
-        clipping and noise), in this one place, before aggregation; `rate`: the round's sampling rate. Returns
-        the channel's server side, for the aggregator's mean update."""
+        clipping and noise), in this one place, before aggregation; `rate`: the round's sampling rate; `starts`
+        [K, P]: each client's start model where they differ (an asynchronous server), else the global model.
+        Returns the channel's server side, for the aggregator's mean update."""
         rows = [k for k, i in enumerate(ids) if i in self.corrupted]
         mask = torch.zeros(len(ids), dtype=torch.bool, device=result.params.device)
         mask[rows] = True
         channel, settings = self.fed.channel, self.settings
-        up = Upload(self.params, tuple(ids), mask, settings.seed, r, settings.num_clients - len(settings.held_out_ids),
-                    rate)
+        up = Upload(self.params if starts is None else starts, tuple(ids), mask, settings.seed, r,
+                    settings.num_clients - len(settings.held_out_ids), rate)
         arrived = channel.transmit(result.params, up)
         result.params = arrived.models
         changed = list(range(len(ids))) if channel.stages else rows  # a compressor changes every model
@@ -222,6 +260,8 @@ class RoundLoop:
         s["final_test_acc"], s["best_test_acc"] = acc, max(acc, s["best_test_acc"] or 0.0)
         if self.settings.target_acc is not None and s["rounds_to_target"] is None and acc >= self.settings.target_acc:
             s["rounds_to_target"] = row["round"]
+            if self.times.enabled:
+                s["time_to_target"] = self.times.sim_time
 
     def client_accuracies(self, tests: list[Tensor]) -> Tensor:
         """[N] each client's accuracy on its own test split: of the global model, or where the client objective

@@ -26,6 +26,9 @@ CONVENTIONS = {
     "best_test_acc": ("best: the highest test accuracy over the evaluated rounds; the round is selected on the test "
                       "set itself (test-set selection), so it overstates what a method would reach"),
     "rounds_to_target": "the first round whose test accuracy reaches the target",
+    "time_to_target": ("the simulated seconds (sim_time, clock=...) at the end of the first evaluated round whose test "
+                       "accuracy reaches the target"),
+    "final_sim_time": "the simulated seconds (clock=...) at the end of the last round",
     JAIN: "Jain's index (Σa)² / (n Σa²) of the clients' accuracies at the last per-client evaluation (1: all equal)",
     GAP: "the mean accuracy of the best 10% of clients minus that of the worst 10%, at the last per-client evaluation",
 }

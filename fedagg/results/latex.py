@@ -14,10 +14,10 @@ import re
 
 import pandas as pd
 
-from fedagg.results.values import CROSS, DASH, fmt, label
+from fedagg.results.values import CROSS, DASH, TO_TARGET, fmt, label
 
 NEEDS = r"% Needs \usepackage{booktabs} in the preamble (\toprule, \midrule, \cmidrule, \bottomrule)."
-LOWER_IS_BETTER = ("rounds_to_target",)
+LOWER_IS_BETTER = TO_TARGET
 METRIC_WORDS = {"last_k_test_acc": "Test accuracy averaged over the last k = ⌈R/10⌉ evaluated rounds",
                 "final_test_acc": "Test accuracy after the last round",
                 "best_test_acc": "Best test accuracy over the rounds (selected on the test set)"}

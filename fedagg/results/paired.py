@@ -12,7 +12,7 @@ from pathlib import Path
 from fedagg.results import render, stats
 from fedagg.results.runs import ResultsError
 from fedagg.results.comparison import TUNING
-from fedagg.results.values import DASH, label, measure, number
+from fedagg.results.values import DASH, TO_TARGET, label, measure, number
 
 
 def seed_values(runs: list[dict], spec: dict) -> dict:
@@ -72,7 +72,7 @@ def rank_blocks(layout: dict, spec: dict, name: dict, folder: Path) -> list[rend
     """Average ranks over the columns every row has, the Friedman test and (3+ rows, 3+ columns) the CD diagram.
     A comparison's tuned and default columns are ranked apart (never against each other), with how tuning moved
     each method."""
-    higher = spec["metric"] != "rounds_to_target"
+    higher = spec["metric"] not in TO_TARGET
     groups: dict[str, list] = {}
     at = spec["columns"].index(TUNING) if TUNING in spec["columns"] else None
     for c in layout["cols"]:

@@ -10,6 +10,8 @@ folder given, or `--out`):
   weights.png       every client's aggregation weight per round (weights.csv), one panel per run
   accuracy_bits.png test accuracy against the cumulative bits uploaded (left) and sent both ways (right),
                     log scale, from metrics.csv's bits_up_total and bits_down_total (runs that count them)
+  accuracy_time.png test accuracy against the simulated time (left, metrics.csv's sim_time) and the client
+                    updates aggregated (right, client_updates), for runs on a clock (clock=lognormal, ...)
   methods.pdf/.png  of a comparison's folder: every tuned method on one axis (fedagg.results.figure)
 Runs of a table experiment are grouped as the table is: one panel per column cell, one
 line per row (method); other runs get one line per method (its display name) and a panel per
@@ -40,8 +42,9 @@ from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
 from fedagg.results.runs import ResultsError, find_run_dirs, overrides_of, read_run, sweep_frame  # noqa: E402
 from fedagg.results.values import key_text, label, lookup, number  # noqa: E402
 
-PLOTS = ("accuracy.png", "update_norms.png", "weights.png", "accuracy_bits.png")
+PLOTS = ("accuracy.png", "update_norms.png", "weights.png", "accuracy_bits.png", "accuracy_time.png")
 BITS = ((("bits_up_total",), "cumulative bits uploaded"), (("bits_up_total", "bits_down_total"), "cumulative bits, up and down"))
+TIME = ((("sim_time",), "simulated time (s)"), (("client_updates",), "client updates aggregated"))
 
 
 def found_runs(path: Path) -> list[dict]:
@@ -171,9 +174,9 @@ def plot_curves(groups: dict, out: Path, name: str, columns: list[tuple[str, str
     return path
 
 
-def accuracy_by_bits(runs: list[dict], columns: tuple[str, ...]) -> tuple[list[float], list[float]]:
-    """(cumulative bits: the sum of `columns`, test accuracy in %) at each evaluated round, each the mean over
-    the runs, on the rounds every run evaluated (bits differ between seeds when clients drop out)."""
+def accuracy_by(runs: list[dict], columns: tuple[str, ...]) -> tuple[list[float], list[float]]:
+    """(the sum of `columns`: cumulative bits, simulated time, test accuracy in %) at each evaluated round, each
+    the mean over the runs, on the rounds every run evaluated (bits and times differ between seeds)."""
     per_round = defaultdict(list)
     for run in runs:
         for row in run["metrics"]:
@@ -185,11 +188,13 @@ def accuracy_by_bits(runs: list[dict], columns: tuple[str, ...]) -> tuple[list[f
             [sum(a for _, a in per_round[r]) / len(per_round[r]) for r in rounds])
 
 
-def plot_accuracy_by_bits(groups: dict, out: Path) -> Path | None:
-    """One row of panels per group: accuracy against bits uploaded, and against bits sent both ways.
-    None when no run counted its bits (runs from before metrics.csv had them)."""
-    curves = {(panel, line, i): accuracy_by_bits(runs, columns) for panel, lines in groups.items()
-              for line, runs in lines.items() for i, (columns, _) in enumerate(BITS)}
+def plot_accuracy_by(groups: dict, out: Path, name: str = "accuracy_bits.png", xaxes: tuple = BITS,
+                     log: bool = True) -> Path | None:
+    """One row of panels per group: accuracy against each of `xaxes` (metrics columns summed, and their label):
+    bits uploaded and bits sent both ways (log scale), or simulated time and client updates. None when no run
+    has those columns (runs from before metrics.csv counted bits; runs without a clock)."""
+    curves = {(panel, line, i): accuracy_by(runs, columns) for panel, lines in groups.items()
+              for line, runs in lines.items() for i, (columns, _) in enumerate(xaxes)}
     if not any(xs for xs, _ in curves.values()):
         return None
     colors = {}
@@ -198,20 +203,21 @@ def plot_accuracy_by_bits(groups: dict, out: Path) -> Path | None:
             colors.setdefault(line, f"C{len(colors) % 10}")
     fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3.6 * len(groups)), squeeze=False)
     for row, (panel, lines) in zip(axes, groups.items()):
-        for i, (ax, (_, xlabel)) in enumerate(zip(row, BITS)):
+        for i, (ax, (_, xlabel)) in enumerate(zip(row, xaxes)):
             for line in lines:
                 xs, ys = curves[(panel, line, i)]
                 if xs:
                     ax.plot(xs, ys, "-", color=colors[line], label=line, linewidth=1.4,
                             marker="o" if len(xs) <= 25 else None, markersize=3)
-            log_axis(ax)  # methods that compress send orders of magnitude less
+            if log:
+                log_axis(ax)  # methods that compress send orders of magnitude less
             ax.set_title(panel or out.name, fontsize=10)
-            ax.set_xlabel(f"{xlabel} (log scale)")
+            ax.set_xlabel(f"{xlabel} (log scale)" if log else xlabel)
             ax.set_ylabel("test accuracy (%)")
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=7)
     fig.tight_layout()
-    path = out / "accuracy_bits.png"
+    path = out / name
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -287,9 +293,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     "update norm (N solid, E dashed)"),
         plot_weights(runs, out, args.max_weight_panels, axes),
     ]
-    by_bits = plot_accuracy_by_bits(groups, out)
-    if by_bits is not None:  # runs from before metrics.csv counted bits have none to draw
-        images.append(by_bits)
+    by_bits = plot_accuracy_by(groups, out)
+    by_time = plot_accuracy_by(groups, out, "accuracy_time.png", TIME, log=False)
+    # runs from before metrics.csv counted bits have none to draw; runs without a clock have no time
+    images += [path for path in (by_bits, by_time) if path is not None]
     if len(args.paths) == 1 and comparison.is_comparison(args.paths[0]):  # its figure: the tuned methods on one axis
         images += comparison_figure(args.paths[0], out)
     for path in images:

@@ -176,11 +176,16 @@ def build_report(folder: Path, baseline: str | None, work: Path, rows: list[str]
     accuracy = plot.plot_curves(groups, work, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)")
     sections.append(("Test accuracy per round", image(accuracy, "test accuracy per round") +
                      '<p class="muted">Mean over seeds; the band is ± one standard deviation.</p>'))
-    by_bits = plot.plot_accuracy_by_bits(groups, work)
+    by_bits = plot.plot_accuracy_by(groups, work)
     if by_bits:
         sections.append(("Test accuracy against bits sent", image(by_bits, "test accuracy against bits sent") +
                          '<p class="muted">Mean over seeds at each evaluated round; bits counted as the README\'s '
                          '"Communication" says (32-bit models unless a method compresses).</p>'))
+    by_time = plot.plot_accuracy_by(groups, work, "accuracy_time.png", plot.TIME, log=False)
+    if by_time:  # runs on a simulated clock
+        sections.append(("Test accuracy against simulated time", image(by_time, "test accuracy against simulated time") +
+                         '<p class="muted">Mean over seeds at each evaluated round; simulated seconds and client updates '
+                         'as the README\'s "A simulated clock" says.</p>'))
     clients = client_distributions(groups, work / "clients.png")
     if clients:
         sections.append(("Per-client accuracy", image(clients, "per-client accuracy")))

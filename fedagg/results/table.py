@@ -37,7 +37,7 @@ from fedagg.results.groups import RECORDED_CHOICES
 from fedagg.results.paper import load_paper, paper_cell, read_paper  # noqa: F401  (read_paper: used by tests)
 from fedagg.results.runs import ResultsError, read_runs
 from fedagg.results.paired import paired_section
-from fedagg.results.values import CROSS, DASH, fmt, key_text, label, lookup, measure, number  # noqa: F401  (the table's API)
+from fedagg.results.values import CROSS, DASH, TO_TARGET, fmt, key_text, label, lookup, measure, number  # noqa: F401  (the table's API)
 
 
 
@@ -176,9 +176,10 @@ def notes(runs: list[dict], spec: dict, extra: set, unfinished: list[dict] = ())
         same = "" if paper_key == spec["metric"] else (f" **This table shows {spec['metric']} instead**: "
                                                       f"`--metric {paper_key}` compares like with like.")
         out.append(f"The paper's numbers are {spec['paper_metric']}.{same}")
-    if spec["metric"] == "rounds_to_target":
+    if spec["metric"] in TO_TARGET:
         targets = sorted({key_text(r.get("target_acc")) for r in runs})
-        out.append(f"Rounds to reach the target accuracy ({', '.join(targets)}); N/A (x%): never reached, best accuracy x.")
+        what = "Rounds" if spec["metric"] == "rounds_to_target" else "Simulated seconds (the clock's sim_time)"
+        out.append(f"{what} to reach the target accuracy ({', '.join(targets)}); N/A (x%): never reached, best accuracy x.")
     if extra:
         out.append("† uses extra data on the server (uses_extra_data): reported for reference only, as in the paper.")
     other = [r for r in runs if r.get("status") not in ("completed", "diverged")] + list(unfinished)

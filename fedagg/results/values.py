@@ -6,6 +6,9 @@ import math
 import statistics
 
 DASH, CROSS = "—", "×"
+# how soon a run reached target_acc: in rounds, or in simulated seconds on a clock (summary.json); lower is better,
+# and a run that never reached it has no value (its cell shows the best accuracy instead)
+TO_TARGET = ("rounds_to_target", "time_to_target")
 
 
 MISSING = object()
@@ -75,9 +78,9 @@ def measure(runs: list[dict], spec: dict) -> dict:
     infinite = sum(1 for r in done if r.get(metric) == math.inf)  # ε without noise: a value, not a missing one
     if infinite:
         out["text"] = "∞" if infinite == len(done) else f"∞ ({infinite}/{len(done)} runs)"
-    elif not reached and metric != "rounds_to_target":
+    elif not reached and metric not in TO_TARGET:
         out["text"] = DASH  # completed without a value (never evaluated)
-    elif not reached:  # rounds_to_target never reached: report the best accuracy, as FedAdp's table does
+    elif not reached:  # the target never reached: report the best accuracy, as FedAdp's table does
         best = statistics.fmean(100.0 * (number(r.get("best_test_acc")) or 0.0) for r in done)
         out["text"] = f"N/A ({best:.2f}%)"
     else:

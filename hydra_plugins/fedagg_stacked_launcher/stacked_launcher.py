@@ -66,6 +66,10 @@ def group_key(cfg: DictConfig) -> tuple[str | None, str]:
         return None, f"its configuration does not resolve ({type(err).__name__})"
     finally:
         HydraConfig.instance().cfg = saved
+    server = plain.get("server", {}).get("_target_")
+    if server and get_class(server).asynchronous:
+        return None, ("server=async drives its own event queue on the simulated clock, whose server steps do not "
+                      "line up with other runs' rounds")
     engine = plain.get("engine", {}).get("_target_")
     try:
         device = resolve_device(plain.get("device", "auto")).type
