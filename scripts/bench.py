@@ -38,13 +38,14 @@ from fedagg.aggregators.base import FedAvg  # noqa: E402
 from fedagg.clients.trainer import LocalSGD  # noqa: E402
 from fedagg.data.datasets import DatasetBundle, mnist  # noqa: E402
 from fedagg.data.partition import dirichlet, iid  # noqa: E402
-from fedagg.data.seeding import generator  # noqa: E402
+from fedagg.seeding import generator  # noqa: E402
 from fedagg.engines import _packed  # noqa: E402
 from fedagg.engines.base import RoundJob  # noqa: E402
 from fedagg.engines.parallel import ParallelEngine  # noqa: E402
 from fedagg.engines.sequential import SequentialEngine  # noqa: E402
 from fedagg.loop.assembly import Parts, assemble  # noqa: E402
-from fedagg.config.settings import Settings, sample_clients  # noqa: E402
+from fedagg.config.settings import Settings  # noqa: E402
+from fedagg.sampling.pool import sample_clients  # noqa: E402
 from fedagg.loop.splits import build_model  # noqa: E402
 from fedagg.models.cnns import CNNSmall, LeNet  # noqa: E402
 from fedagg.models.flat import get_buffers, get_params  # noqa: E402

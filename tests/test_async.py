@@ -19,7 +19,7 @@ from fedagg.aggregators.fedasync import FedAsync
 from fedagg.aggregators.fedbuff import FedBuff
 from fedagg.aggregators.fedopt import FedAdam
 from fedagg.aggregators.inputs import RoundInputs
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.engines.base import RoundJob
 from fedagg.models.flat import get_params
 from fedagg.run import SetupError, prepare, run_experiment, train

@@ -144,7 +144,7 @@ def test_channel_attack_in_a_list_runs_from_the_command_line(tmp_path):
 
 def test_dp_clips_on_the_clients_and_adds_its_seeded_noise_once_to_the_mean():
     from fedagg.channel import DP, Rule, Setup
-    from fedagg.data.seeding import generator
+    from fedagg.seeding import generator
 
     dp = DP(noise_multiplier=2.0, clip=1.0)
     dp.check(Setup(10, 2, rule=Rule(weighting="uniform", weighted_mean=True)))

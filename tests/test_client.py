@@ -9,7 +9,7 @@ from torch import nn
 
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.engines.base import RoundJob
 from fedagg.engines.sequential import SequentialEngine
 from fedagg.models.flat import get_buffers, get_params, set_params

@@ -7,7 +7,7 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import compose_config
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.run import train
 from fedagg.system.clock import Clock, Exponential, HalfNormal, LogNormal, Uniform
 

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from conftest import compose_config
-from fedagg.config.settings import Settings, sample_clients
+from fedagg.config.settings import Settings
+from fedagg.sampling.pool import sample_clients
 from fedagg.loop.timing import RoundTimes
 from fedagg.run import train
 from fedagg.system.clock import LogNormal, TimedClock

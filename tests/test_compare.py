@@ -241,7 +241,8 @@ def test_a_validation_run_never_reads_the_test_set(tmp_path, monkeypatch):
 
 
 def test_held_out_clients_are_never_sampled_and_are_the_same_for_every_method():
-    from fedagg.config.settings import Settings, sample_clients
+    from fedagg.config.settings import Settings
+    from fedagg.sampling.pool import sample_clients
     s = Settings(seed=0, num_clients=10, clients_per_round=4, held_out=0.2)
     held = s.held_out_ids
     assert len(held) == 2 and held == Settings(seed=0, num_clients=10, held_out=0.2).held_out_ids

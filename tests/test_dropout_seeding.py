@@ -1,5 +1,5 @@
 """A model that draws in training (cnn_emnist_tff's dropout) takes its draws from the run's seed: each engine seeds
-torch's global generator for local training (fedagg.data.seeding.global_rng), so two runs of one seed are equal
+torch's global generator for local training (fedagg.seeding.global_rng), so two runs of one seed are equal
 whatever the process drew before them, another seed draws other masks, and a stopped run resumes bit for bit."""
 
 import csv

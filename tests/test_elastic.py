@@ -12,7 +12,7 @@ from fedagg.aggregators.inputs import RoundInputs
 from fedagg.clients.client import ClientData
 from fedagg.clients.sensitivity import Sensitivity
 from fedagg.clients.trainer import LocalSGD
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.engines.base import RoundJob
 from fedagg.engines.parallel import ParallelEngine
 from fedagg.engines.sequential import SequentialEngine

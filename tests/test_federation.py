@@ -14,7 +14,8 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.engines.base import RoundJob
 from fedagg.engines.sequential import SequentialEngine
 from fedagg.loop.round_loop import combine_buffers
-from fedagg.config.settings import Settings, sample_clients
+from fedagg.config.settings import Settings
+from fedagg.sampling.pool import sample_clients
 from fedagg.loop.splits import make_clients
 from fedagg.models.flat import ParamLayout, get_buffers, get_params, set_buffers, set_params
 from fedagg.run import train

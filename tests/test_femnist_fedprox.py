@@ -10,7 +10,7 @@ import torch
 from conftest import compose_config
 from fedagg.data.femnist_fedprox import fedprox_devices, femnist_fedprox
 from fedagg.data.files import DataError
-from fedagg.data.seeding import stream_seed
+from fedagg.seeding import stream_seed
 from fedagg.run import train
 
 

@@ -18,7 +18,7 @@ from fedagg.clients.client import ClientData
 from fedagg.clients.objectives import FedProx
 from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.engines.base import RoundJob
 from fedagg.engines.parallel import ParallelEngine
 from fedagg.engines.sequential import SequentialEngine

@@ -19,7 +19,7 @@ from fedagg.attacks.base import Attack
 from fedagg.attacks.label_flip import LabelFlip
 from fedagg.attacks.model import ALIE, IPM, Gaussian, SignFlip, alie_z
 from fedagg.clients.trainer import LocalSolver
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.run import train
 
 PLAIN = LocalSolver(0.0, False, 0.0, 0.0, False)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import ROOT, SHARED_DATA, compose_config, needs_mnist
-from fedagg.config.settings import Settings, sample_clients
+from fedagg.config.settings import Settings
+from fedagg.sampling.pool import sample_clients
 from fedagg.run import train
 
 

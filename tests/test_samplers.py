@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from scipy.stats import chisquare
 
 from conftest import compose_config
-from fedagg.config.settings import Settings, sample_clients, sampling_pool
-from fedagg.data.seeding import generator
+from fedagg.config.settings import Settings
+from fedagg.sampling.pool import sample_clients, sampling_pool
+from fedagg.seeding import generator
 from fedagg.edge.job_checks import SetupError
 from fedagg.models.flat import set_params
 from fedagg.run import prepare, run_experiment

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import compose_config
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.run import train
 from fedagg.system.stragglers import Stragglers
 

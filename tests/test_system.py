@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from conftest import compose_config
-from fedagg.data.seeding import generator
-from fedagg.config.settings import Settings, sample_clients
+from fedagg.seeding import generator
+from fedagg.config.settings import Settings
+from fedagg.sampling.pool import sample_clients
 from fedagg.run import train
 from fedagg.system.availability import Availability
 from fedagg.system.stragglers import Stragglers

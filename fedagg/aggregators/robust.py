@@ -19,7 +19,7 @@ from fedagg.aggregators.base import AggregateResult, Aggregator
 from fedagg.aggregators.blocks import column_blocks
 from fedagg.aggregators.inputs import ClientSetup, RoundInputs
 from fedagg.config.constraints import Range, checked
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 
 Count = Annotated[int, Range(ge=1, integer=True, words="use an integer >= 1")]
 Positive = Annotated[float, Range(gt=0, lt=float("inf"), words="use a finite number > 0")]

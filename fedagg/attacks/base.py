@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fedagg.config.constraints import Range, checked
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 
 # a majority of corrupted clients is beyond what any aggregation rule can be asked to survive
 Fraction = Annotated[float, Range(ge=0, lt=0.5, words="it must be in [0, 0.5): a majority of corrupted clients is "

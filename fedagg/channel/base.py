@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor
 
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 
 if TYPE_CHECKING:
     from fedagg.attacks.base import Attack

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from fedagg.clients.client import ClientData
 from fedagg.data.device import apply_crop_flip, crop_geometry, draw_crop_flip, inputs_key, labels_key, targets
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 
 Selection = slice | Tensor  # chunk positions of a group of clients: a range, or an index tensor
 

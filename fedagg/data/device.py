@@ -107,7 +107,7 @@ class DeviceData:
         noise of standard deviation sigma * i / N in the normalised input space, drawn once per image from the
         client's own stream (in the order of its index tensor), so an image looks the same every epoch and in
         every engine. Kept on the device as float32, the size of the training images four times over."""
-        from fedagg.data.seeding import generator
+        from fedagg.seeding import generator
 
         if self.inputs != "images":
             raise ValueError(f"partition.noise is for images; dataset {self.name!r} has {self.inputs}")

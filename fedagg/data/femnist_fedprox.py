@@ -32,7 +32,7 @@ from fedagg.config.constraints import Range, checked
 from fedagg.data import leaf
 from fedagg.data.datasets import DatasetBundle
 from fedagg.data.files import DataError
-from fedagg.data.seeding import stream_seed
+from fedagg.seeding import stream_seed
 
 FIRST_LETTER = 36  # LEAF's (and TFF's) label of 'a': 0-9 digits, 10-35 'A'-'Z', 36-61 'a'-'z'
 LETTERS = 10  # a..j

@@ -37,7 +37,7 @@ from fedagg.data import tff
 from fedagg.data.datasets import DatasetBundle, _not_found
 from fedagg.data.files import DataError, cache_folder, data_root
 from fedagg.data.image_folders import _save_atomically
-from fedagg.data.seeding import stream_seed
+from fedagg.seeding import stream_seed
 
 log = logging.getLogger(__name__)
 

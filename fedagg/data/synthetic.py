@@ -20,7 +20,7 @@ import torch
 
 from fedagg.data.datasets import DatasetBundle
 from fedagg.config.constraints import typed
-from fedagg.data.seeding import stream_seed
+from fedagg.seeding import stream_seed
 
 DIM, CLASSES = 60, 10
 

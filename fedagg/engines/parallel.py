@@ -36,7 +36,7 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.clients.validation import ValidationPlan
 from fedagg.config.constraints import Range, checked
 from fedagg.data.device import targets
-from fedagg.data.seeding import global_rng, stream_seed
+from fedagg.seeding import global_rng, stream_seed
 from fedagg.engines._chunk import Part, Stack, chunk_rows, count, group_inputs, map_tensors, twice
 from fedagg.engines._packed import pack, stacked_channels_last
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads

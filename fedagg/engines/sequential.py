@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from fedagg.clients.forward import frozen_call
 from fedagg.clients.validation import score_model
-from fedagg.data.seeding import global_rng, stream_seed
+from fedagg.seeding import global_rng, stream_seed
 from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stack_payloads
 from fedagg.models.base import Representation
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params

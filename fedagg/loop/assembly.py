@@ -25,7 +25,7 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
 from fedagg.data.natural import natural as natural_partition, own_test_splits, split_pool, takes_owners
 from fedagg.data.partition_report import partition_stats
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.engines.base import Engine
 from fedagg.loop.inputs import check_needs
 from fedagg.loop.server import Synchronous

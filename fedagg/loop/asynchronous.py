@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from fedagg.aggregators.asynchronous import AsyncAggregator
-from fedagg.config.settings import sampling_pool
-from fedagg.data.seeding import generator
+from fedagg.sampling.pool import sampling_pool
+from fedagg.seeding import generator
 from fedagg.engines.base import RoundJob, RoundResult
 from fedagg.loop.drivers import drive
 from fedagg.loop.round_loop import RoundLoop, RoundPlan

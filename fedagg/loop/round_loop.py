@@ -34,7 +34,8 @@ from fedagg.loop.inputs import InputsProvider
 from fedagg.loop.timing import RoundTimes, Timed
 from fedagg.runtime.interrupts import StopRequests
 from fedagg.runtime.progress import RoundProgress
-from fedagg.config.settings import Settings, sampling_pool, sampling_rate
+from fedagg.config.settings import Settings
+from fedagg.sampling.pool import sampling_pool, sampling_rate
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
 from fedagg.sampling.base import Draw
 from fedagg.tracking.files import CSVLog, clean_number, summary_values, write_json

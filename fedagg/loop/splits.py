@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from fedagg.clients.client import ClientData
-from fedagg.data.seeding import generator, global_rng, stream_seed
+from fedagg.seeding import generator, global_rng, stream_seed
 from fedagg.models.base import Backbone
 
 

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 def rng_state() -> dict:
     """torch's global generators, for a user's code that draws from them outside training (fedagg's own streams never
-    do, and the engines seed them for local training: fedagg.data.seeding.global_rng): the CPU's and the current
+    do, and the engines seed them for local training: fedagg.seeding.global_rng): the CPU's and the current
     GPU's only, so a run resumes on a machine with fewer GPUs."""
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():

@@ -16,7 +16,7 @@ from typing import ClassVar, Protocol
 import torch
 from torch import Tensor
 
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 
 
 class Losses(Protocol):

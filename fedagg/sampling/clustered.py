@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.sampling.base import Draw, Sampler
 
 

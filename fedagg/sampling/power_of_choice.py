@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from fedagg.config.constraints import Range, checked
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.sampling.base import Draw, Sampler, proportional
 
 Count = Annotated[int, Range(ge=1, integer=True, words="it must be an integer >= 1, or null")]

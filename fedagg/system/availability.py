@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedagg.data.seeding import generator, stream_seed
+from fedagg.seeding import generator, stream_seed
 from fedagg.config.constraints import Range, checked
 from fedagg.system.base import System
 

@@ -34,7 +34,7 @@ from typing import Annotated, ClassVar
 import torch
 
 from fedagg.config.constraints import Range, checked
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 
 Positive = Annotated[float, Range(gt=0, finite=True)]
 NonNegative = Annotated[float, Range(ge=0, finite=True)]

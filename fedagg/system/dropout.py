@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from fedagg.config.constraints import checked
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.system.base import BelowOne, System
 
 

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 
 from fedagg.config.constraints import checked
-from fedagg.data.seeding import generator
+from fedagg.seeding import generator
 from fedagg.system.base import Probability, System
 
 Work = Literal["steps", "epochs_code", "epochs_text"]
