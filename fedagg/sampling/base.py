@@ -53,8 +53,8 @@ class Sampler:
         sampled at most (num_clients less the held-out ones)."""
 
     def choose(self, k: int, pool: Tensor, step: int, draw: Draw) -> list[int]:
-        """The ids of `pool` [M] (ascending) that train at `step` (from `draw.first`), ascending: k of them, or all when k
-        covers the pool."""
+        """The ids of `pool` [M] (ascending) that train at `step` (counted from `draw.first`), ascending: k of them,
+        or all when k covers the pool."""
         if k >= len(pool):
             return pool.tolist()
         return sorted(self.select(k, pool, step, draw).tolist())
