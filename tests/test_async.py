@@ -237,9 +237,10 @@ def test_sequential_and_parallel_engines_give_the_same_asynchronous_run(tmp_path
      "channel=topk is not allowed with server=async"),
     (["aggregator=fedbuff", "server=async", "clock=lognormal", "system=dropout"],
      "system=dropout is not allowed with server=async"),
-    (["aggregator=fedbuff", "server=async", "clock=lognormal", "sampler=power_of_choice"],
-     "sampler=power_of_choice is not allowed with server=async: the asynchronous server sends each idle client with "
-     "an equal chance; use sampler=uniform"),
+    (["aggregator=fedbuff", "server=async", "clock=lognormal", "server.concurrency=5", "sampler=power_of_choice",
+      "sampler.d=3"],  # all 5 in flight are sent at once at the start
+     "sampler.d=3 is not allowed with server.concurrency=5: Power-of-Choice trains the 5 highest-loss of d "
+     "candidates, so d must be at least server.concurrency (null: 2 x the clients sent at once)"),
     (["aggregator=fedbuff", "server=async", "clock=lognormal", "clock.deadline=5"],
      "clock.deadline=5 is not allowed with server=async"),
     (["aggregator=fedasync", "server=async", "clock=lognormal", "aggregator.alpha=1.5"],

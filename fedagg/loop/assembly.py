@@ -97,7 +97,8 @@ def connect(parts: Parts, settings: Settings) -> None:
     parts.engine.check(trainer)
     parts.channel = Channel.of(parts.channel).connect(parts.attack, parts.aggregator.channel_stages())
     sampleable = settings.num_clients - len(settings.held_out_ids)
-    parts.sampler.check(settings.per_round, sampleable)
+    per_step, count = parts.server.per_step(settings)  # clients_per_round; server.concurrency when asynchronous
+    parts.sampler.check(per_step, sampleable, count)
     sampler = "" if parts.sampler.equal_chance else f"sampler={parts.choices.get('sampler', type(parts.sampler).__name__)}"
     parts.server.check(parts, settings)  # the rule, clock, channel and system its schedule can run
     parts.channel.check(Setup(

@@ -6,8 +6,13 @@ wait in an event queue keyed by (arrival time, dispatch number), so ties resolve
 arrival goes into the rule's buffer; `buffer_size` arrivals (1 for FedAsync, K for FedBuff) make one server step,
 which is one round for the loop (`RoundLoop.end`: aggregate, evaluate, files, checkpoint; `rounds`, `eval_every`
 and `checkpoint_every` count server steps). When every arrival at an instant is handled, as many idle clients
-are sent the current model (`choose_idle`: uniformly among the idle online clients, from the run's own stream
-(seed, "dispatch", n), so runs that differ only in their rule send the same clients while their clocks agree).
+are sent the current model: the run's `sampler` chooses them among the idle online clients, as one step numbered by
+the first dispatch n it starts, from the stream (seed, "dispatch", n) (`Draw.stream`; never the synchronous rounds'
+"sampling"), so runs that differ only in their rule send the same clients while their clocks agree. The uniform
+sampler (the default) draws as this server always did; Power-of-Choice scores its candidates with the current
+model, the one they would be sent, and draws its first dispatch (the clients in flight at the start) uniformly.
+A sampler that returns fewer clients than owed (clustered's clusters drawing one client twice, size's clients
+without data) leaves the rest owed until the next arrival, as when too few clients are idle.
 Arrivals at one instant are all taken before anyone is sent, so a client sent at time t gets the model of every
 arrival up to t (with K = C clients that are all equally fast, FedBuff is then synchronous FedAvg).
 
@@ -26,14 +31,13 @@ dispatches owed; the rule's own state is the aggregator's `state_dict`.
 from __future__ import annotations
 
 import heapq
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.asynchronous import AsyncAggregator
 from fedagg.sampling.pool import sampling_pool
-from fedagg.seeding import generator
 from fedagg.engines.base import RoundJob, RoundResult
 from fedagg.loop.drivers import drive
 from fedagg.loop.round_loop import RoundLoop, RoundPlan
@@ -53,15 +57,6 @@ class Flight:
     trained: dict | None = None  # its row of the engine's result, once trained
 
 
-def choose_idle(k: int, idle: list[int], seed: int, dispatch: int) -> list[int]:
-    """k of the `idle` client ids (ascending), uniformly without replacement, from the stream (seed, "dispatch", n)
-    of the first dispatch n they start; all of them when k covers them. (A `sampler` may take this over.)"""
-    if k >= len(idle):
-        return list(idle)
-    order = torch.randperm(len(idle), generator=generator(seed, "dispatch", dispatch))[:k]
-    return sorted(idle[i] for i in order.tolist())
-
-
 class AsyncServer:
     def __init__(self, loop: RoundLoop, concurrency: int) -> None:
         if not isinstance(loop.fed.aggregator, AsyncAggregator):  # the server's `check` refused it before
@@ -77,6 +72,8 @@ class AsyncServer:
         self.starts: dict[int, tuple[Tensor, Tensor]] = {}  # version -> (params, buffers) a flight started from
         self.draws = [0] * loop.settings.num_clients  # trainings per client so far
         self.sent_since = 0  # dispatches since the last server step: the bits sent down
+        # the sampler's draws: a step per dispatch, numbered from 0, from their own stream
+        self.draw = replace(loop.draw, stream="dispatch", first=0)
         if loop.resumed_schedule is not None:
             self.load_state_dict(loop.resumed_schedule)
 
@@ -107,13 +104,14 @@ class AsyncServer:
             self.server_step()
 
     def dispatch(self) -> None:
-        """Send the owed clients the current model: idle online clients, chosen uniformly."""
+        """Send the owed clients the current model: idle online clients, chosen by the sampler."""
         loop, fed, seed = self.loop, self.loop.fed, self.loop.settings.seed
         v = self.version
         online = fed.system.online(seed, v + 1, loop.settings.num_clients)
-        busy = {f.client for f in self.flights.values()}
-        idle = [i for i in sampling_pool(loop.settings, online).tolist() if i not in busy]
-        chosen = choose_idle(self.owed, idle, seed, self.dispatches)
+        pool = sampling_pool(loop.settings, online)
+        busy = torch.tensor(sorted({f.client for f in self.flights.values()}), dtype=pool.dtype)
+        idle = pool[~torch.isin(pool, busy)]  # ascending, as the pool
+        chosen = fed.sampler.choose(self.owed, idle, self.dispatches, self.draw)
         self.owed -= len(chosen)
         self.waiting = self.owed > 0
         if chosen and v not in self.starts:

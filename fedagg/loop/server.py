@@ -38,6 +38,10 @@ class Synchronous:
             raise ValueError(f"{_rule(parts)} is not allowed with server=sync (the default): it is a rule of an "
                              f"asynchronous server; add server=async and a clock ({CLOCKS})")
 
+    def per_step(self, settings: Settings) -> tuple[int, str]:
+        """The most clients the sampler chooses at once, and the setting that says so (for its refusals)."""
+        return settings.per_round, "clients_per_round"
+
     def drive(self, loop: RoundLoop) -> dict:
         from fedagg.loop.drivers import run_alone
 
@@ -45,7 +49,8 @@ class Synchronous:
 
 
 class Asynchronous:
-    """`server=async`: `concurrency` clients in flight; an arrival goes to the rule, an idle client takes its place."""
+    """`server=async`: `concurrency` clients in flight; an arrival goes to the rule, an idle client the sampler
+    chooses takes its place."""
 
     asynchronous: ClassVar[bool] = True
 
@@ -80,10 +85,10 @@ class Asynchronous:
             raise ValueError(f"{shown} is not allowed with server=async: "
                              "on the asynchronous server the clock makes clients slow, and none drops out; use "
                              "system=none or availability")
-        if not parts.sampler.equal_chance:  # the driver dispatches idle clients uniformly (choose_idle)
-            raise ValueError(f"sampler={parts.choices.get('sampler', type(parts.sampler).__name__)} is not allowed with "
-                             "server=async: the asynchronous server sends each idle client with an equal chance; use "
-                             "sampler=uniform")
+
+    def per_step(self, settings: Settings) -> tuple[int, str]:
+        """The most clients one dispatch sends: all in flight, at the start or when all arrive at one instant."""
+        return self.concurrency, "server.concurrency"
 
     def drive(self, loop: RoundLoop) -> dict:
         from fedagg.loop.asynchronous import run_async

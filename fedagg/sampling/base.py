@@ -2,8 +2,10 @@
 
 A sampler answers one question: which k of the ids in `pool` (the clients online, less the held-out ones) train at
 step `step` — a round of the synchronous loop, or a dispatch of an asynchronous driver that sends one or a few idle
-clients off at a time. Each draw comes from the stream (seed, "sampling", step), so two runs that differ only in the
-aggregator choose the same clients (DESIGN principle 6), and a resumed run draws as if it had never stopped.
+clients off at a time. Each draw comes from the stream (seed, `Draw.stream`, step): "sampling" and rounds numbered
+from 1 in the synchronous loop, "dispatch" and dispatches numbered from 0 on the asynchronous server (whose uniform
+draw is then the one it always made). So two runs that differ only in the aggregator choose the same clients (DESIGN
+principle 6), the two servers' draws never share a stream, and a resumed run draws as if it had never stopped.
 What a rule may read beyond the ids is in `Draw`: every client's training-sample count and, for a rule that
 declares `needs_losses`, the current global model's loss on clients' training data, computed by the loop when asked.
 """
@@ -33,6 +35,8 @@ class Draw:
     seed: int
     sizes: Tensor  # [N] long: every client's training samples n_k
     losses: Losses | None = None  # given to a sampler that declares `needs_losses`
+    stream: str = "sampling"  # the draws' stream: (seed, stream, step); a sampler's extra draws add a suffix
+    first: int = 1  # the first step's number (1: rounds; 0: the asynchronous server's dispatches)
 
 
 class Sampler:
@@ -43,20 +47,21 @@ class Sampler:
     equal_chance: ClassVar[bool] = True
     needs_losses: ClassVar[bool] = False  # True: `Draw.losses` must be given (the loop scores the global model)
 
-    def check(self, per_round: int, pool: int) -> None:
-        """Refuse, before training, what this rule cannot draw: `per_round` clients a step from `pool` that can be
+    def check(self, per_round: int, pool: int, count: str = "clients_per_round") -> None:
+        """Refuse, before training, what this rule cannot draw: up to `per_round` clients a step (the setting named
+        `count`: clients_per_round, or server.concurrency on the asynchronous server) from `pool` that can be
         sampled at most (num_clients less the held-out ones)."""
 
     def choose(self, k: int, pool: Tensor, step: int, draw: Draw) -> list[int]:
-        """The ids of `pool` [M] (ascending) that train at `step` (1-based), ascending: k of them, or all when k
-        covers the pool."""
+        """The ids of `pool` [M] (ascending) that train at `step` (counted from `draw.first`), ascending: k of them,
+        or all when k covers the pool."""
         if k >= len(pool):
             return pool.tolist()
         return sorted(self.select(k, pool, step, draw).tolist())
 
     def select(self, k: int, pool: Tensor, step: int, draw: Draw) -> Tensor:
         """k distinct ids of `pool`, k < |pool|, in any order: the rule itself."""
-        return pool[torch.randperm(len(pool), generator=generator(draw.seed, "sampling", step))[:k]]
+        return pool[torch.randperm(len(pool), generator=generator(draw.seed, draw.stream, step))[:k]]
 
 
 def proportional(ids: Tensor, weights: Tensor, k: int, g: torch.Generator) -> Tensor:

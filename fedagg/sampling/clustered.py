@@ -50,5 +50,5 @@ class Clustered(Sampler):
         sizes = draw.sizes[pool]
         if int(sizes.sum()) == 0:  # nobody holds data: nothing to weigh the draw by
             return super().select(k, pool, step, draw)
-        drawn = torch.multinomial(clusters(sizes, k), 1, generator=generator(draw.seed, "sampling", step)).view(-1)
+        drawn = torch.multinomial(clusters(sizes, k), 1, generator=generator(draw.seed, draw.stream, step)).view(-1)
         return pool[drawn.unique()]

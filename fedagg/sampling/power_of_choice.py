@@ -3,7 +3,8 @@
 Each step, d candidates are drawn without replacement with chances ∝ n_k; each is scored by the current global
 model's mean loss F_k(w) on its whole training split (`samples: b`: on b of its samples drawn at random, the
 paper's cpow-d), and the k with the largest loss train. The first step draws k uniformly (the authors select
-before any model has been scored): the uniform sampler's round 1. The authors average the chosen models with 1/k;
+before any model has been scored): the uniform sampler's round 1 or, on the asynchronous server, its first dispatch
+(the clients in flight at the start). Later dispatches score the model the dispatched clients will be sent. The authors average the chosen models with 1/k;
 here the aggregator decides (their setting is aggregator.weighting=uniform).
 
 Authors' supplementary code, mirrored in peng-ju/Power-of-Choice@8c857a2:
@@ -41,13 +42,14 @@ class PowerOfChoice(Sampler):
         self.d = d  # candidates per step; null: 2k (the paper's default), at most the clients in the pool
         self.samples = samples  # null: the whole training split (pow-d); b: b random samples (cpow-d)
 
-    def check(self, per_round: int, pool: int) -> None:
+    def check(self, per_round: int, pool: int, count: str = "clients_per_round") -> None:
         if self.d is None:
             return
         if self.d < per_round:
-            raise ValueError(f"sampler.d={self.d} is not allowed with clients_per_round={per_round}: Power-of-Choice "
+            null = "2 x clients_per_round" if count == "clients_per_round" else "2 x the clients sent at once"
+            raise ValueError(f"sampler.d={self.d} is not allowed with {count}={per_round}: Power-of-Choice "
                              f"trains the {per_round} highest-loss of d candidates, so d must be at least "
-                             f"clients_per_round (null: 2 x clients_per_round)")
+                             f"{count} (null: {null})")
         if self.d > pool:
             raise ValueError(f"sampler.d={self.d} is not allowed: only {pool} clients can be sampled (num_clients "
                              f"less eval.held_out_clients), so d must be at most {pool}")
@@ -55,11 +57,11 @@ class PowerOfChoice(Sampler):
     def candidates(self, k: int, pool: Tensor, step: int, draw: Draw) -> Tensor:
         """The step's d candidates, in the order drawn (∝ n_k, without replacement)."""
         d = min(self.d or 2 * k, len(pool))  # fewer online than d: every one of them
-        return proportional(pool, draw.sizes[pool], d, generator(draw.seed, "sampling", step))
+        return proportional(pool, draw.sizes[pool], d, generator(draw.seed, draw.stream, step))
 
     def select(self, k: int, pool: Tensor, step: int, draw: Draw) -> Tensor:
-        if step == 1:
+        if step == draw.first:
             return super().select(k, pool, step, draw)
         candidates = self.candidates(k, pool, step, draw)
-        losses = draw.losses(candidates, self.samples, generator(draw.seed, "sampling_losses", step))
+        losses = draw.losses(candidates, self.samples, generator(draw.seed, f"{draw.stream}_losses", step))
         return highest(candidates, losses, k)

@@ -17,4 +17,4 @@ class SizeProportional(Sampler):
     equal_chance = False
 
     def select(self, k: int, pool: Tensor, step: int, draw: Draw) -> Tensor:
-        return proportional(pool, draw.sizes[pool], k, generator(draw.seed, "sampling", step))
+        return proportional(pool, draw.sizes[pool], k, generator(draw.seed, draw.stream, step))
