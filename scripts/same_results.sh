@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/same_results.sh WORKTREE OUTDIR [DATA_ROOT]: 15 single fedagg runs and one 12-job stacked sweep from WORKTREE's code,
-# each into its own folder under OUTDIR. One process at a time, one torch thread.
+# each into its own folder under OUTDIR. One process at a time, one torch thread, with the python on PATH (the
+# project's environment active). DATA_ROOT: where MNIST is (default: ../shared/data beside the checkout).
 set -u
 if [ $# -lt 2 ]; then echo "usage: $0 WORKTREE OUTDIR [DATA_ROOT]" >&2; exit 2; fi
 DATA=$(cd "${3:-$(dirname "$0")/../../shared/data}" && pwd) || exit 2
