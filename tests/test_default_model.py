@@ -39,19 +39,46 @@ def test_each_dataset_trains_its_papers_backbone_when_no_model_is_chosen(dataset
     instantiate(filled.dataset)  # the loader takes (and ignores) default_model: the node instantiates as it is
 
 
-def test_the_default_model_is_composed_once_per_process_and_handed_out_as_a_copy(monkeypatch):
+def test_the_default_model_is_read_once_per_process_and_handed_out_as_a_copy(monkeypatch):
     from fedagg.edge import default_model
 
-    composed = []
-    real = default_model.compose
-    monkeypatch.setattr(default_model, "compose", lambda **kw: composed.append(kw) or real(**kw))
+    read = []
+    real = default_model._read_or_compose
+    monkeypatch.setattr(default_model, "_read_or_compose", lambda name: read.append(name) or real(name))
+    monkeypatch.setattr(default_model, "compose", lambda **kw: pytest.fail("a model file that stands alone is read"))
     default_model._composed_model_node.cache_clear()
     cfg = compose_config("dataset=digits")
     first, _ = with_default_model(cfg, {"dataset": "digits"})
     first.model.hidden = 7  # a run that changes its copy changes no other run's
     second, _ = with_default_model(cfg, {"dataset": "digits"})
-    assert len(composed) == 1
+    assert read == ["mlp"]
     assert OmegaConf.to_container(second.model) == OmegaConf.to_container(OmegaConf.load(CONF / "model" / "mlp.yaml"))
+    default_model._composed_model_node.cache_clear()
+
+
+def test_every_model_file_reads_as_composing_model_name_gives():
+    from hydra import compose, initialize_config_dir
+
+    from fedagg.edge.default_model import _read_or_compose
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for path in sorted((CONF / "model").glob("*.yaml")):
+            composed = compose(config_name="config", overrides=[f"model={path.stem}"]).model
+            assert OmegaConf.to_yaml(_read_or_compose(path.stem)) == OmegaConf.to_yaml(composed), path.stem
+
+
+def test_a_model_file_with_a_defaults_list_is_composed(tmp_path):
+    from hydra import initialize_config_dir
+
+    from fedagg.edge.default_model import _read_or_compose
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "config.yaml").write_text("defaults:\n  - model: null\n  - _self_\n")
+    (tmp_path / "model" / "base.yaml").write_text("width: 3\nact: relu\n")
+    (tmp_path / "model" / "wide.yaml").write_text("defaults:\n  - base\n  - _self_\nwidth: 9\ndepth: 2\n")
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+        assert OmegaConf.to_container(_read_or_compose("wide")) == {"width": 9, "act": "relu", "depth": 2}
+        assert OmegaConf.to_container(_read_or_compose("base")) == {"width": 3, "act": "relu"}
 
 
 def test_a_chosen_model_wins_and_a_dataset_without_a_default_is_one_line():

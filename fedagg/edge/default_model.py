@@ -33,13 +33,21 @@ def _model_node(name: str) -> DictConfig:
 
 @functools.lru_cache(maxsize=None)
 def _composed_model_node(name: str, search_path: str | None) -> DictConfig:
-    """Composed once per process and search path (a sweep's jobs share one): composing the whole config costs
-    a few tenths of a second each time."""
-    overrides = [f"model={name}"]
+    """Once per process and search path (a sweep's jobs share one). A model file that stands alone (no defaults
+    list, no package header: every file in conf/model/) is the node itself, read in a millisecond; another
+    is composed as `model=NAME` would compose it, which costs a few tenths of a second (a run's start-up)."""
     if search_path is not None:
-        return compose(config_name="config", overrides=overrides).model
+        return _read_or_compose(name)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides).model
+        return _read_or_compose(name)
+
+
+def _read_or_compose(name: str) -> DictConfig:
+    loaded = GlobalHydra.instance().config_loader().repository.load_config(f"model/{name}")
+    if loaded is not None and not loaded.defaults_list and loaded.header.get("package") in (None, "model") \
+            and isinstance(loaded.config, DictConfig):
+        return loaded.config
+    return compose(config_name="config", overrides=[f"model={name}"]).model
 
 
 def with_default_model(cfg: DictConfig, choices: dict) -> tuple[DictConfig, str | None]:
