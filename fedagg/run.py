@@ -26,7 +26,8 @@ from fedagg.data.partition_report import drawn, save_partition_report
 from fedagg.edge import CONF
 from fedagg.edge import run_log
 from fedagg.edge.channel_choice import channel_choice, uniform_mean_for_privacy
-from fedagg.edge.command_line import explain_composition_error, in_user_words
+from fedagg.edge.command_line import explain_composition_error, in_user_words  # noqa: F401  (an API)
+from fedagg.edge.start import job_started, start
 from fedagg.edge.default_model import with_default_model
 from fedagg.edge.job_checks import (FolderHeld, SetupError, check_no_ignored_choice, check_run,  # noqa: F401
                                     checked_settings, explain_missing_option, instantiate_parts, settings_from,
@@ -287,6 +288,7 @@ def job_outcome(run_dir: str | Path, resume: bool, summary: dict | None = None,
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
+    job_started()
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.RUN and not str(hydra_cfg.run.dir).strip():
         log.error("hydra.run.dir='' is not allowed: every result file would land in the current folder; give a folder")
@@ -321,7 +323,4 @@ if __name__ == "__main__":
     # importable module's keeps Hydra's config path relative to this file.
     from fedagg.run import FolderHeld, SetupError, SweepSummary, train  # noqa: F401,F811
 
-    if (problem := explain_composition_error(sys.argv[1:])) is not None:
-        print(problem, file=sys.stderr)  # before Hydra starts: its multi-line version would follow
-        sys.exit(2)
-    main()
+    start(main, sys.argv[1:])

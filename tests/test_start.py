@@ -1,0 +1,71 @@
+"""A single run's command line is explained only when Hydra stops before the run begins; a sweep's before it starts."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from fedagg.edge import start as start_module
+from fedagg.edge.start import FULL_ERROR, job_started, start
+
+
+@pytest.fixture
+def explained(monkeypatch):
+    calls = []
+
+    def explain(argv):
+        calls.append(list(argv))
+        return "aggregator=FedAvg is not an option" if "aggregator=FedAvg" in argv else None
+
+    monkeypatch.setattr(start_module, "explain_composition_error", explain)
+    monkeypatch.delenv(FULL_ERROR, raising=False)
+    return calls
+
+
+def test_a_single_run_that_composes_is_not_composed_twice_and_its_task_sees_the_users_setting(explained):
+    seen = []
+
+    def main():  # Hydra composed; the task begins
+        seen.append(os.environ.get(FULL_ERROR))
+        job_started()
+        seen.append(os.environ.get(FULL_ERROR))
+
+    start(main, ["rounds=1"])
+    assert explained == [] and seen == ["1", None] and FULL_ERROR not in os.environ
+
+
+def test_a_users_own_full_error_setting_is_kept(explained, monkeypatch):
+    monkeypatch.setenv(FULL_ERROR, "0")
+    seen = []
+    start(lambda: seen.append(os.environ[FULL_ERROR]) or job_started() or seen.append(os.environ[FULL_ERROR]), [])
+    assert seen == ["1", "0"] and os.environ[FULL_ERROR] == "0"
+
+
+def test_a_single_run_hydra_cannot_compose_is_one_line_and_exit_2(explained, capsys):
+    def main():
+        raise RuntimeError("Hydra's composition error")
+
+    with pytest.raises(SystemExit) as stop:
+        start(main, ["aggregator=FedAvg"])
+    assert stop.value.code == 2 and capsys.readouterr().err == "aggregator=FedAvg is not an option\n"
+    assert explained == [["aggregator=FedAvg"]] and FULL_ERROR not in os.environ
+
+
+def test_a_sweep_is_explained_before_hydra_starts(explained, capsys):
+    with pytest.raises(SystemExit) as stop:
+        start(lambda: pytest.fail("Hydra must not start"), ["-m", "aggregator=FedAvg"])
+    assert stop.value.code == 2 and explained == [["-m", "aggregator=FedAvg"]]
+    start(lambda: None, ["-m", "seed=0,1"])  # one that composes starts
+    assert explained[-1] == ["-m", "seed=0,1"] and FULL_ERROR not in os.environ
+
+
+def test_what_no_line_explains_is_reported_by_hydra_as_before(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fedagg.run", "rounds=[1", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == ("no viable alternative at input '[1'\n"  # Hydra's words, as it printed them before
+                           "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details\n\n"
+                           "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
+    assert not (tmp_path / "run").exists()
