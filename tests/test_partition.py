@@ -1,6 +1,7 @@
 """Client partitions (fedagg/data/partition.py) and their reports, on synthetic labels."""
 
 import json
+import logging
 import re
 import struct
 from pathlib import Path
@@ -319,13 +320,11 @@ def test_dirichlet_with_min_size_0_says_it_wanted_one_sample_per_client():
         "client had 0); raise partition.alpha, use fewer clients or raise partition.max_retries")
 
 
-def test_a_split_drawn_before_in_the_process_is_copied_not_drawn_again(tmp_path, monkeypatch):
+def test_a_split_drawn_before_in_the_process_is_copied_not_drawn_again(tmp_path, caplog, monkeypatch):
     from fedagg.data import partition_report as report
 
-    monkeypatch.setattr(report, "_first", {})
-    drawings = []
-    real_plot = report._plot
-    monkeypatch.setattr(report, "_plot", lambda stats, path: drawings.append(path.parent.name) or real_plot(stats, path))
+    monkeypatch.setattr(report._painter, "first", {})  # splits drawn by earlier tests of this process
+    caplog.set_level(logging.DEBUG, logger="fedagg.data.partition_report")
     one = partition_stats(LABELS, split("dirichlet", 6, alpha=0.5), 10)
     other = partition_stats(LABELS, split("iid", 6), 10)
 
@@ -334,9 +333,38 @@ def test_a_split_drawn_before_in_the_process_is_copied_not_drawn_again(tmp_path,
         drawn(tmp_path / name / "partition.png")
         return (tmp_path / name / "partition.png").read_bytes()
 
+    def drawings():  # the drawing process's replies: which pictures it drew rather than copied
+        return [Path(r.message.split()[0]).parent.name for r in caplog.records if r.message.endswith(" drawn")]
+
     assert save(one, "a") == save(one, "b")  # the same split under another method: one drawing, copied
     assert save(other, "c") != save(one, "a")
-    assert drawings == ["a", "c"]
+    assert drawings() == ["a", "c"]
     assert save(other, "a") == save(other, "c")  # a's folder now holds the other split: copied from c
     save(one, "d")  # the first picture of `one` no longer stands beside its split: drawn anew
-    assert drawings == ["a", "c", "d"] and (tmp_path / "d" / "partition.png").read_bytes() == save(one, "b")
+    assert drawings() == ["a", "c", "d"] and (tmp_path / "d" / "partition.png").read_bytes() == save(one, "b")
+
+
+def test_the_picture_is_drawn_by_another_process_and_is_on_disk_when_the_process_that_asked_exits(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import sys, torch\n"
+            "from fedagg.data.partition_report import partition_stats, save_partition_report\n"
+            "labels = torch.arange(40) % 10\n"
+            "save_partition_report(partition_stats(labels, list(torch.arange(40).chunk(4)), 10), sys.argv[1])\n"
+            "print('matplotlib' in sys.modules)\n")  # exits without waiting: the interpreter's exit waits
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                          text=True, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "False\n", "")
+    assert png_size(tmp_path / "run" / "partition.png")[0] == 900 and not list((tmp_path / "run").glob("*.tmp"))
+
+
+def test_a_picture_that_fails_is_one_warning_and_no_file(tmp_path, caplog):
+    bad = {"num_clients": 2, "num_classes": 3, "total": 1, "clients": [{"id": 0, "size": 1, "class_counts": [1]}]}
+    save_partition_report(bad, tmp_path)
+    drawn(tmp_path / "partition.png")
+    warned = [r.message for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and warned[0].startswith("partition.png was not drawn: ValueError: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["partition.json"]
