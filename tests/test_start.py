@@ -69,3 +69,39 @@ def test_what_no_line_explains_is_reported_by_hydra_as_before(tmp_path):
                            "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details\n\n"
                            "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
     assert not (tmp_path / "run").exists()
+
+
+COMPOSED_TWICE = """
+import json, sys
+import hydra
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+from fedagg.edge import CONF
+from fedagg.edge.start import start
+
+loads, seen = [], []
+real = ConfigLoaderImpl.load_configuration
+ConfigLoaderImpl.load_configuration = lambda self, *a, **k: loads.append(1) or real(self, *a, **k)
+
+@hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
+def task(cfg):
+    seen.append((OmegaConf.to_yaml(cfg), OmegaConf.to_yaml(HydraConfig.get()), len(loads)))
+
+argv = json.loads(sys.argv[1])
+sys.argv = ["fedagg.run", *argv]
+start(task, argv)  # fedagg's start: composed once
+task()  # Hydra's own way: composed twice
+ours, its = seen
+print(json.dumps([ours[0] == its[0], ours[1] == its[1], ours[2], its[2] - ours[2]]))
+"""
+
+
+@pytest.mark.parametrize("argv", [[], ["rounds=2", "aggregator=fedadam", "aggregator.lr=0.1"],
+                                  ["+experiment=fedadp_table1"], ["hydra.mode=RUN", "seed=3"]])
+def test_a_single_run_is_composed_once_into_the_config_hydra_composes_twice(tmp_path, argv):
+    argv = [*argv, f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "-c", COMPOSED_TWICE, __import__("json").dumps(argv)], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "[true, true, 1, 2]"  # the same job config and hydra node, composed once

@@ -115,6 +115,7 @@ class _Painter:
         self.wait(None)
         self.process.stdin.close()
         self.process.wait()
+        self.process.stdout.close()
 
     def _running(self) -> bool:
         return self.process is not None and self.owner == os.getpid() and self.process.poll() is None
