@@ -368,3 +368,12 @@ def test_a_picture_that_fails_is_one_warning_and_no_file(tmp_path, caplog):
     warned = [r.message for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and warned[0].startswith("partition.png was not drawn: ValueError: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["partition.json"]
+
+
+def test_partition_stats_counts_each_clients_classes_by_hand():
+    labels = torch.tensor([0, 2, 2, 1, 0, 2, 1, 1])
+    parts = [torch.tensor([1, 2, 5]), torch.tensor([], dtype=torch.long), torch.tensor([0, 3, 4, 7]), torch.tensor([6])]
+    stats = partition_stats(labels, parts, 4)
+    assert [c["class_counts"] for c in stats["clients"]] == [[0, 0, 3, 0], [0, 0, 0, 0], [2, 2, 0, 0], [0, 1, 0, 0]]
+    assert [c["size"] for c in stats["clients"]] == [3, 0, 4, 1] and stats["total"] == 8
+    assert [c["id"] for c in stats["clients"]] == [0, 1, 2, 3]

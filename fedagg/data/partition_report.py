@@ -33,9 +33,13 @@ def partition_stats(labels: Tensor, parts: list[Tensor], num_classes: int) -> di
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         raise ValueError(f"labels must lie in [0, num_classes={num_classes}), "
                          f"found {int(labels.min())}..{int(labels.max())}")
-    clients = [{"id": k, "size": int(idx.numel()),
-                "class_counts": torch.bincount(labels[idx.cpu().long()], minlength=num_classes).tolist()}
-               for k, idx in enumerate(parts)]
+    sizes = [int(idx.numel()) for idx in parts]
+    # one bincount over (client, class) pairs, not one a client (1.3 s at 100,000 clients)
+    owner = torch.repeat_interleave(torch.arange(len(parts)), torch.tensor(sizes, dtype=torch.long))
+    taken = labels[torch.cat([idx.cpu().long() for idx in parts])] if parts else labels[:0]
+    counts = torch.bincount(owner * num_classes + taken, minlength=len(parts) * num_classes)
+    clients = [{"id": k, "size": size, "class_counts": row}
+               for k, (size, row) in enumerate(zip(sizes, counts.view(len(parts), num_classes).tolist()))]
     return {"num_clients": len(parts), "num_classes": num_classes,
             "total": sum(c["size"] for c in clients), "clients": clients}
 
