@@ -9,6 +9,7 @@ module and `fedagg/edge` (command-line messages, the sweep's callback, the check
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import sys
@@ -323,4 +324,7 @@ if __name__ == "__main__":
     # importable module's keeps Hydra's config path relative to this file.
     from fedagg.run import FolderHeld, SetupError, SweepSummary, train  # noqa: F401,F811
 
+    # What the imports made lives as long as the process: out of the collector's sight, neither a collection during
+    # the run nor the interpreter's exit walks it again (torch's objects made the exit of a run 0.4 s longer)
+    gc.freeze()
     start(main, sys.argv[1:])
