@@ -9,6 +9,7 @@ line that composes needs no explanation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from typing import Callable, Iterator
@@ -50,7 +51,7 @@ def start(main: Callable[[], object], argv: list[str]) -> None:
         job_started()
         if (problem := explain_composition_error(argv)) is not None:
             _refuse(problem)
-        run_and_report(lambda: _raise(err))  # what Hydra would have printed, and its exit code
+        run_and_report(functools.partial(_raise, err))  # what Hydra would have printed, and its exit code
     finally:
         job_started()
 

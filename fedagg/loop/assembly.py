@@ -8,79 +8,29 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from fedagg.aggregators.base import Aggregator
 from fedagg.aggregators.inputs import ClientSetup, Needs
-from fedagg.attacks.base import Attack
 from fedagg.channel.base import Rule, Setup
 from fedagg.channel.chain import Channel
-from fedagg.clients.client import ClientData
-from fedagg.clients.trainer import LocalSGD
 from fedagg.data.device import DeviceData
 from fedagg.data.natural import natural as natural_partition, own_test_splits, split_pool, takes_owners
 from fedagg.data.partition_report import partition_stats
 from fedagg.seeding import generator
-from fedagg.engines.base import Engine
+from fedagg.loop.federation import Federation, Parts  # noqa: F401  (Parts: where callers find it)
 from fedagg.loop.inputs import check_needs
 from fedagg.loop.server import Synchronous
 from fedagg.config.settings import Settings
 from fedagg.loop.splits import build_model, hold_out_server_split, make_clients, shrink
 from fedagg.models.base import Backbone
-from fedagg.sampling.base import Sampler
-from fedagg.system.base import System
-from fedagg.system.clock import Clock
-from fedagg.tracking.base import Tracker
 
 DEFAULT_VAL_FRAC, DEFAULT_TEST_FRAC = 0.1, 0.2
 log = logging.getLogger("fedagg")
-
-
-@dataclass
-class Parts:
-    """The instantiated config groups of one run."""
-
-    dataset: Callable[..., object]  # dataset(root=..., download=...) -> DatasetBundle
-    partition: Callable[..., list[Tensor]]  # partition(labels, num_clients, generator=...) -> index tensors
-    model: Callable[..., nn.Module]  # model(num_classes=, in_channels=, image_size=)
-    aggregator: Aggregator
-    client: LocalSGD
-    engine: Engine
-    logger: Tracker = field(default_factory=Tracker)
-    system: System = field(default_factory=System)  # who is online, reports, and how many steps each takes
-    clock: Clock = field(default_factory=Clock)  # simulated time (clock=none: none)
-    server: object = field(default_factory=Synchronous)  # rounds, or arrivals (fedagg.loop.server)
-    attack: Attack = field(default_factory=Attack)  # which clients are corrupted, and how
-    channel: Channel | list | None = None  # what clients send (compression, privacy): a Channel or a list of stages
-    sampler: Sampler = field(default_factory=Sampler)  # who of those that can take part trains (uniform)
-    noise: float = 0.0  # partition.noise: client i of N sees Gaussian noise of sd noise * i / N on its images
-    choices: dict = field(default_factory=dict)  # group -> option as the user chose it, for refusals in their words
-
-
-@dataclass
-class Federation:
-    data: DeviceData
-    model: nn.Module
-    clients: list[ClientData]
-    aggregator: Aggregator
-    trainer: LocalSGD
-    engine: Engine
-    tracker: Tracker
-    server_idx: Tensor  # training-pool samples the server holds out (never a client's)
-    partition: dict = field(default_factory=dict)  # sizes and class counts, for partition.json
-    system: System = field(default_factory=System)
-    clock: Clock = field(default_factory=Clock)
-    server: object = field(default_factory=Synchronous)  # its `drive(loop)` runs the rounds
-    attack: Attack = field(default_factory=Attack)
-    corrupted: list[int] = field(default_factory=list)  # ids of the corrupted clients
-    channel: Channel = field(default_factory=Channel)
-    sampler: Sampler = field(default_factory=Sampler)
-    settings: Settings | None = None  # as run: num_clients=None resolved to the dataset's number of clients
 
 
 def connect(parts: Parts, settings: Settings) -> None:
@@ -95,6 +45,7 @@ def connect(parts: Parts, settings: Settings) -> None:
     trainer.sensitivity = parts.aggregator.needs.sensitivity  # measured during local training when declared
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
+    parts.server = parts.server or Synchronous()  # rounds unless the server group says otherwise
     parts.channel = Channel.of(parts.channel).connect(parts.attack, parts.aggregator.channel_stages())
     sampleable = settings.num_clients - len(settings.held_out_ids)
     per_step, count = parts.server.per_step(settings)  # clients_per_round; server.concurrency when asynchronous

@@ -25,7 +25,7 @@ from fedagg.aggregators.base import sample_weights
 from fedagg.engines.base import RoundJob, RoundResult
 from fedagg.channel.base import Upload
 from fedagg.channel.chain import ServerSide
-from fedagg.loop.assembly import Federation
+from fedagg.loop.federation import Federation
 from fedagg.runtime.checkpoints import rng_state, save_atomically, save_checkpoint, set_rng_state
 from fedagg.loop.communication import BitCounter
 from fedagg.loop.diagnostics import round_diagnostics

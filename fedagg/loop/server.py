@@ -16,7 +16,7 @@ from fedagg.system.base import System
 
 if TYPE_CHECKING:
     from fedagg.config.settings import Settings
-    from fedagg.loop.assembly import Parts
+    from fedagg.loop.federation import Parts
     from fedagg.loop.round_loop import RoundLoop
 
 ASYNC_RULES = "aggregator=fedasync or aggregator=fedbuff"
