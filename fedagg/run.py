@@ -18,6 +18,7 @@ from pathlib import Path
 
 import hydra
 from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -42,6 +43,7 @@ from fedagg.runtime.numerics import numerics
 from fedagg.loop.round_loop import RoundLoop, federation_loop
 from fedagg.config.names import DISPLAY_NAME
 from fedagg.data.device import resolve_device
+from fedagg.engines.auto import CHOICE, PARALLEL, recorded_engine, stacked_alike
 from fedagg.results.groups import GROUPS, RECORDED_CHOICES, method_name_of, method_of  # noqa: F401  (GROUPS: the API)
 from fedagg.tracking.files import write_json
 
@@ -68,6 +70,8 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
         if k == "_target_":
             a = MOVED_TARGETS.get(a, a)
         if not prefix and k not in old and k in ADDED_LATER and b == ADDED_LATER[k]:
+            continue
+        if not prefix and k == "engine" and stacked_alike(a, b):  # engine=auto trained stacked: the same job
             continue
         if isinstance(a, dict) and isinstance(b, dict):
             keys += _changed_keys(a, b, f"{prefix}{k}.")
@@ -235,6 +239,8 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     if checkpoint is not None and (changed := _changed_keys(checkpoint["summary"]["config"], config)):
         raise FolderHeld(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "
                          "resume with the same settings or use a new hydra.run.dir")
+    if checkpoint is not None:
+        _keep_recorded_engine(cfg, summary_base, parts, checkpoint["summary"]["config"].get("engine"))
     started = checkpoint["summary"].get("device", device.type) if checkpoint is not None else device.type
     if started != device.type:
         raise ValueError(f"resume=true on {device.type}, but the run started on {started}, where its random streams "
@@ -246,6 +252,21 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     save_partition_report(fed.partition, run_dir)
     return fed, settings, checkpoint
+
+
+def _keep_recorded_engine(cfg: DictConfig, summary_base: dict, parts, recorded: dict | None) -> None:
+    """A resumed engine=auto job goes on with the engine that trained its earlier rounds: the parallel engine when
+    a stacked sweep trained it (resumed alone), the one engine=auto picks when it ran alone (resumed stacked). The
+    job's config records that engine, as it did."""
+    if recorded is None or (kept := recorded_engine(recorded, summary_base["config"].get("engine"))) is None:
+        return
+    parts.engine = instantiate(kept)
+    summary_base["config"]["engine"] = kept
+    summary_base["choices"]["engine"] = CHOICE[kept["_target_"]]
+    with open_dict(cfg):
+        cfg.engine = OmegaConf.create(kept)
+    log.info("resumed with engine %s, which trained its earlier rounds (engine=auto %s)", kept["_target_"],
+             "in a stacked sweep" if kept["_target_"] == PARALLEL else "alone")
 
 
 def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:

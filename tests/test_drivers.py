@@ -11,6 +11,7 @@ checkpoint; a resumed loop continues in step where it stopped.
 import copy
 import csv
 import json
+import time
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ RUNS = [
     ["aggregator=fedadam", "seed=2", "client.momentum=0.9", "client.keep_optimizer_state=true"],
     ["aggregator=fedavg", "seed=3", "rounds=2", "client.lr=0.2"],  # ends a round before the others
 ]
-VARIABLE = {"elapsed_s", "wall_time_s", "finished_at"}
+VARIABLE = {"elapsed_s", "wall_time_s", "finished_at", "group_started_at"}
 # the digits MLP: each client's arithmetic is its own whichever runs share a call (tests/test_stacked_engine.py),
 # so the figures are equal to the last digit; the tolerance is far below what a wrong batch, step or run moves
 REL = 1e-6
@@ -97,6 +98,35 @@ def test_loops_in_step_give_each_loop_what_it_gets_alone(alone, tmp_path):
     for k in range(len(RUNS)):
         assert_same_run(tmp_path / str(k), alone / str(k))
     assert engine.chunk_size != "auto"  # resolved once, for the group
+
+
+def test_each_loop_in_step_reports_its_share_of_the_group_time(tmp_path):
+    """wall_time_s of a stacked run: its own begin/end plus its clients' part of each shared training call; the
+    shares add up to the group's time (but the closing of each run as it left)."""
+    prepared = [prepare(_config(k), tmp_path / str(k)) for k in range(len(RUNS))]
+    loops = [p.loop for p in prepared]
+    took = time.perf_counter()
+    outcomes = run_in_step(loops, copy.copy(loops[0].fed.engine), StopRequests(),
+                           left=lambda k, outcome: prepared[k].close())
+    took = time.perf_counter() - took
+    walls = [o["wall_time_s"] for o in outcomes]
+    assert all(w > 0 for w in walls)
+    assert 0.9 * took <= sum(walls) <= took, (walls, took)  # but closing each run (its lock, its tracker)
+    assert len({o["group_started_at"] for o in outcomes}) == 1
+    assert walls[3] < walls[0]  # two rounds of 6 clients against three
+
+
+def test_a_training_call_is_charged_to_its_runs_by_their_clients():
+    from types import SimpleNamespace
+
+    from fedagg.loop.drivers import JobClock, share
+
+    clocks = [JobClock() for _ in range(3)]
+    share(10.0, {0: SimpleNamespace(clients=[1, 2, 3]), 2: SimpleNamespace(clients=[4])}, clocks)
+    assert [c() for c in clocks] == [7.5, 0.0, 2.5]
+    with clocks[1].running(), clocks[1].running():  # nested: counted once
+        time.sleep(0.05)
+    assert 0.05 <= clocks[1]() < 0.5
 
 
 def test_a_loop_alone_is_a_single_run(alone, tmp_path):

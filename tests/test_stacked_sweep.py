@@ -16,13 +16,14 @@ import time
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from conftest import ROOT
 
 JOBS = ["aggregator=fedavg,scaffold", "seed=0,1,2"]
 COMMON = ["engine=parallel", "rounds=4", "checkpoint_every=1", "resume=true", "system=stragglers",
           "clients_per_round=6", "client.momentum=0.9", "client.keep_optimizer_state=true", "device=cpu"]
-VARIABLE = {"elapsed_s", "wall_time_s", "finished_at"}  # wall-clock figures
+VARIABLE = {"elapsed_s", "wall_time_s", "finished_at", "group_started_at"}  # wall-clock figures
 
 
 def sweep(folder, *extra, launcher="stacked", wait=True):
@@ -169,18 +170,39 @@ def test_jobs_group_by_model_and_local_training_shape_and_others_say_why():
         ["engine=parallel", "aggregator=scaffold", "seed=3", "client.lr=0.2", "system=stragglers", "attack=sign_flip",
          "partition.alpha=0.1"],
         ["engine=parallel", "model=mlr"],
-        [],  # engine=auto, sequential on the CPU
+        ["engine=sequential"],
         ["engine=parallel", "deterministic=true"],
         ["engine=parallel", "client.batch_size=16"],
         ["engine=parallel", "client/objective=fedprox"],  # another loss: its own call in the same computation
+        ["seed=5"],  # engine=auto: the user asked for stacking, which the parallel engine trains
     )]
-    assert keys[0][0] is not None and keys[1][0] == keys[0][0] == keys[6][0]
+    assert keys[0][0] is not None and keys[1][0] == keys[0][0] == keys[6][0] == keys[7][0]
     assert len({keys[0][0], keys[2][0], keys[5][0]}) == 3
-    assert keys[3] == (None, "stacked rounds are trained by the parallel engine and this job runs engine=auto on cpu: "
-                             "add engine=parallel to train it with the others")
+    assert keys[3] == (None, "stacked rounds are trained by the parallel engine and this job runs engine=sequential "
+                             "on cpu: add engine=parallel to train it with the others")
     assert keys[4] == (None, "deterministic=true is a process-wide torch setting")
     groups = form_groups(keys, max_group=2)
-    assert [g for g, _ in groups] == [[0, 1], [2], [3], [4], [5], [6]]
+    assert [g for g, _ in groups] == [[0, 1], [2], [3], [4], [5], [6, 7]]
+
+
+def test_an_engine_auto_job_of_a_group_gets_the_parallel_engine_with_its_options():
+    from fedagg.engines.auto import recorded_engine, stacked_alike
+    from hydra_plugins.fedagg_stacked_launcher.stacked_launcher import trained_stacked
+
+    cfg = _composed("engine.eval_batch_size=512")
+    OmegaConf.set_readonly(cfg.hydra, True)  # as Hydra hands a sweep's configs to the launcher
+    auto = {"_target_": "fedagg.engines.auto.auto_engine", "device": "cpu", "eval_batch_size": 512,
+            "chunk_size": "auto", "precision": "fp32", "channels_last": False, "compile": False}
+    assert trained_stacked(cfg)
+    parallel = {"_target_": "fedagg.engines.parallel.ParallelEngine", "eval_batch_size": 512, "chunk_size": "auto",
+                "precision": "fp32", "channels_last": False, "compile": False}
+    assert OmegaConf.to_container(cfg.engine, resolve=True) == parallel
+    assert cfg.hydra.runtime.choices.engine == "parallel"
+    assert not trained_stacked(cfg) and not trained_stacked(_composed("engine=sequential"))  # nothing to change
+    assert stacked_alike(auto, parallel) and stacked_alike(parallel, auto)
+    assert not stacked_alike(auto, dict(parallel, eval_batch_size=1024)) and not stacked_alike(auto, auto)
+    assert recorded_engine(parallel, auto) == parallel and recorded_engine(auto, parallel) == auto
+    assert recorded_engine(auto, auto) is None
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Callable, ContextManager
 
 from fedagg.engines.base import RoundJob, RoundResult
@@ -66,6 +67,12 @@ def run_in_step(loops: list[RoundLoop], engine: ParallelEngine, stop: StopReques
     outcomes: dict[int, Outcome] = {}
     live = list(range(len(loops)))
     group = GroupProgress()
+    clocks = [JobClock() for _ in loops]
+
+    @contextlib.contextmanager
+    def on(k: int):  # work for loop k alone: its log lines, its seconds
+        with focus(loops[k]), clocks[k].running():
+            yield
 
     def leave(k: int, outcome: Outcome) -> None:
         with stop.writing(last=True):  # a second Ctrl-C meanwhile stops the others at the next round
@@ -75,15 +82,17 @@ def run_in_step(loops: list[RoundLoop], engine: ParallelEngine, stop: StopReques
             left(k, outcome)
 
     def failed(k: int, err: Exception) -> None:  # in its `except` clause: summary.json gets the traceback
-        with focus(loops[k]):
+        with on(k):
             loops[k].failed(err)
         leave(k, err)
 
-    for loop in loops:  # a bar each would stack one terminal line per run: they log lines, the group draws a bar
-        loop.start(stop, RoundProgress(loop.next_round, loop.settings.rounds, bar=False))
+    started_at = round(time.time(), 3)
+    for loop, clock in zip(loops, clocks):  # a bar each would stack a terminal line per run: the group draws one
+        loop.start(stop, RoundProgress(loop.next_round, loop.settings.rounds, bar=False), clock)
+        loop.summary["group_started_at"] = started_at  # fedagg.results.timing counts the group's time once
     try:
         for k in [k for k in live if not loops[k].running]:  # resumed after its last round
-            with focus(loops[k]):
+            with on(k):
                 leave(k, loops[k].complete())
         while live:
             if stop.at_once:  # asked while a file was written
@@ -91,21 +100,24 @@ def run_in_step(loops: list[RoundLoop], engine: ParallelEngine, stop: StopReques
             plans = {}
             for k in list(live):
                 try:
-                    with focus(loops[k]):
+                    with on(k):
                         plans[k] = plan = loops[k].begin(loops[k].next_round)
                         own = loops[k].fed.engine
                         if plan.job is not None and own is not engine and isinstance(own, ParallelEngine):
                             own._resolve_chunk_size([plan.job])  # what the run alone cuts its aggregator's blocks to
                 except Exception as err:
                     failed(k, err)
-            trained = train_together(engine, {k: plan.job for k, plan in plans.items() if plan.job is not None})
+            jobs = {k: plan.job for k, plan in plans.items() if plan.job is not None}
+            took = time.perf_counter()
+            trained = train_together(engine, jobs)
+            share(time.perf_counter() - took, jobs, clocks)
             group.update(len(trained))
             for k, plan in plans.items():
                 result = trained.get(k)
                 try:
                     if isinstance(result, Exception):
                         raise result
-                    with focus(loops[k]):
+                    with on(k):
                         going_on = loops[k].end(plan, result)
                         if not going_on:
                             summary = loops[k].complete()
@@ -116,12 +128,46 @@ def run_in_step(loops: list[RoundLoop], engine: ParallelEngine, stop: StopReques
                     leave(k, summary)
     except KeyboardInterrupt:  # a second Ctrl-C: every running loop stops at once, keeping its last checkpoint
         for k in list(live):
-            with focus(loops[k]):
+            with on(k):
                 loops[k].stopped_at_once()
             leave(k, StoppedNow())
     finally:
         group.close()
     return [outcomes[k] for k in range(len(loops))]
+
+
+class JobClock:
+    """A stacked run's own seconds (its `wall_time_s`, `elapsed_s`): the time spent on it alone (`running`: its
+    begin and end, i.e. sampling, aggregation, evaluation, files) plus its share of each training call it took part
+    in (`share`). The group's runs' clocks together count the group's time once; what no run is charged is the
+    launcher closing a run that left and the group's progress bar."""
+
+    def __init__(self) -> None:
+        self.total, self.since, self.depth = 0.0, 0.0, 0
+
+    def __call__(self) -> float:
+        return self.total + (time.perf_counter() - self.since if self.depth else 0.0)
+
+    @contextlib.contextmanager
+    def running(self):
+        if not self.depth:
+            self.since = time.perf_counter()
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth:
+                self.total += time.perf_counter() - self.since
+
+
+def share(seconds: float, jobs: dict[int, RoundJob], clocks: list[JobClock]) -> None:
+    """Charge a training call's seconds to its runs by the clients each trained in it: the call's work is the
+    clients' local training, which costs about the same per client for runs of one model and batch shape."""
+    clients = {k: len(job.clients) for k, job in jobs.items()}
+    total = sum(clients.values())
+    for k, n in clients.items():
+        clocks[k].total += seconds * n / total if total else seconds / len(clients)
 
 
 def train_together(engine: ParallelEngine, jobs: dict[int, RoundJob]) -> dict[int, RoundResult | Exception]:

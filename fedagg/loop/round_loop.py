@@ -17,6 +17,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -297,13 +298,16 @@ class RoundLoop:
     def running(self) -> bool:
         return not self.ended and self.next_round <= self.settings.rounds
 
-    def start(self, stop: StopRequests, progress: RoundProgress) -> None:
+    def start(self, stop: StopRequests, progress: RoundProgress,
+              clock: Callable[[], float] = time.perf_counter) -> None:
         """Before this process's first round of the run: the stop requests it obeys (a second Ctrl-C waits for its
-        writes to end), where its progress goes, and its clock."""
-        self.stop, self.progress, self.started = stop, progress, time.perf_counter()
+        writes to end), where its progress goes, and its clock (seconds; a stacked group's driver gives each run
+        one that counts only the run's own share of the group's time)."""
+        self.stop, self.progress, self.clock = stop, progress, clock
+        self.started = clock()
 
     def elapsed(self) -> float:
-        return self.elapsed_before + time.perf_counter() - self.started
+        return self.elapsed_before + self.clock() - self.started
 
     def record(self, row: dict) -> bool:
         """A round's bookkeeping once its model is known: evaluation, progress, files, tracker; then whether the run

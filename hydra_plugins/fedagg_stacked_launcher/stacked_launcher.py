@@ -27,6 +27,7 @@ import logging
 import logging.config
 import os
 import signal
+import time
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Sequence
@@ -40,6 +41,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from fedagg.config.constraints import Range, checked
+from fedagg.tracking.files import write_json
 
 log = logging.getLogger("fedagg")
 
@@ -75,10 +77,14 @@ def group_key(cfg: DictConfig) -> tuple[str | None, str]:
         device = resolve_device(plain.get("device", "auto")).type
     except Exception:
         return None, f"device={plain.get('device')!r} does not resolve here"
-    if not (engine == PARALLEL or (engine == AUTO and device == "cuda")):
+    if engine not in (PARALLEL, AUTO):
         choice = cfg.hydra.runtime.choices.get("engine")
         return None, (f"stacked rounds are trained by the parallel engine and this job runs engine={choice} on "
                       f"{device}: add engine=parallel to train it with the others")
+    objective = _objective(task)
+    if engine == AUTO and objective is not None and not objective.stackable:  # engine=parallel says why it fails
+        return None, (f"its client objective {type(objective).__name__} cannot be stacked (stackable = False): "
+                      "engine=auto trains it alone")
     for key in ("deterministic", "tf32"):
         if plain.get(key) is True:
             return None, f"{key}=true is a process-wide torch setting"
@@ -87,7 +93,7 @@ def group_key(cfg: DictConfig) -> tuple[str | None, str]:
                       "its runs' clients from one generator: its result would depend on the runs beside it")
     client = plain.get("client", {})
     shared = {"dataset": plain.get("dataset"), "model": plain.get("model"), "device": device,
-              "projection_head": _projection_head(task),  # MOON's head changes the model's structure
+              "projection_head": _projection_head(objective),  # MOON's head changes the model's structure
               "data": plain.get("data"), "experiment_scale": plain.get("experiment_scale"),
               "engine": {k: v for k, v in plain["engine"].items() if k not in ("_target_", "device")},
               "batch_size": client.get("batch_size"), "local_epochs": client.get("local_epochs")}
@@ -104,18 +110,40 @@ def _dropout(model: dict | None) -> str:
     return ", ".join(on)
 
 
-def _projection_head(task: DictConfig) -> int:
-    """The projection head the job's client objective puts under the model's classifier (0: none), read from the
-    objective itself (an aggregator's client half or `client/objective`); 0 when they do not build (the job then
-    says why when it runs)."""
+def _objective(task: DictConfig):
+    """The job's client objective (an aggregator's client half or `client/objective`); None when they do not build
+    (the job then says why when it runs)."""
     from hydra.utils import instantiate
 
     try:
         half = instantiate(task.aggregator).needs.client_half
-        objective = half if half is not None else instantiate(task.client.objective)
+        return half if half is not None else instantiate(task.client.objective)
+    except Exception:
+        return None
+
+
+def _projection_head(objective) -> int:
+    """The projection head the objective puts under the model's classifier (0: none)."""
+    try:
         return int(objective.sees.projection_head)
     except Exception:
         return 0
+
+
+def trained_stacked(cfg: DictConfig) -> bool:
+    """Give an engine=auto job of a group the parallel engine (with its options), as engine=parallel would: the
+    user asked for stacked rounds, which only that engine trains. Its config then records the engine that trains
+    it. False when the job asked for the parallel engine already (or engine=auto is it, on a GPU)."""
+    from fedagg.data.device import resolve_device
+    from fedagg.engines.auto import as_parallel
+
+    if cfg.engine.get("_target_") != AUTO or resolve_device(cfg.device).type == "cuda":
+        return False
+    with read_write(cfg), open_dict(cfg):
+        cfg.engine = OmegaConf.create(as_parallel(OmegaConf.to_container(cfg.engine, resolve=True)))
+    with read_write(cfg.hydra.runtime.choices):  # summary.json's choices: the option that trains it
+        cfg.hydra.runtime.choices.engine = "parallel"
+    return True
 
 
 def form_groups(keys: list[tuple[str | None, str]], max_group: int) -> list[tuple[list[int], str]]:
@@ -203,6 +231,7 @@ class StackedLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
         self.stopping = self.stopping_now = False
+        self.told_auto = False  # the line that engine=auto jobs train with the parallel engine, said once a sweep
         self.group = None  # the StopRequests of the group being run (fedagg.runtime.interrupts)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -243,6 +272,7 @@ class StackedLauncher(Launcher):
         keys = [group_key(cfg) for cfg in configs]
         groups = form_groups(keys, self.max_group)
         log.info("stacked launcher: %d jobs in %d group(s)", len(configs), len(groups))
+        self._auto_to_parallel([configs[i] for positions, _ in groups if len(positions) > 1 for i in positions])
         returns: list[JobReturn | None] = [None] * len(configs)
         for positions, why in groups:
             if len(positions) == 1:
@@ -261,6 +291,17 @@ class StackedLauncher(Launcher):
                     HydraConfig.instance().cfg = saved
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return returns
+
+    def _auto_to_parallel(self, grouped: list[DictConfig]) -> None:
+        """The grouped engine=auto jobs train with the parallel engine; one line says so, once a sweep."""
+        from fedagg.data.device import resolve_device
+
+        switched = [cfg for cfg in grouped if trained_stacked(cfg)]
+        if switched and not self.told_auto:
+            self.told_auto = True
+            log.info("engine=auto: jobs trained together use the parallel engine (stacking needs it; alone on %s "
+                     "engine=auto would run the sequential one), and their config records it",
+                     resolve_device(switched[0].device).type)
 
     def _run_group(self, positions: list[int], configs: list[DictConfig], returns: list) -> None:
         """Prepare every job of the group in turn, then drive their loops in step with one parallel engine; each
@@ -307,7 +348,9 @@ class StackedLauncher(Launcher):
                     self._close(jobs[stepped[k]], outcome, stop)
                     returns[positions[stepped[k]]] = jobs[stepped[k]].ret
 
+                began, clock = time.time(), time.perf_counter()
                 outcomes = run_in_step(loops, engine, stop, focus=lambda loop: serving(by_loop[id(loop)]), left=left)
+                self._record_group([jobs[place] for place in stepped], began, time.perf_counter() - clock)
                 for k, outcome in enumerate(outcomes):  # one that a second Ctrl-C kept from `left`
                     if returns[positions[stepped[k]]] is None:
                         left(k, outcome)
@@ -322,6 +365,17 @@ class StackedLauncher(Launcher):
                 returns[positions[place]] = job.ret
         finally:
             self.group = None
+
+    def _record_group(self, jobs: list[_Job], began: float, seconds: float) -> None:
+        """The group's wall time, once, in <sweep dir>/stacked_groups.json (each job's wall_time_s is its share):
+        its jobs' folders, when its rounds began, how long they took together (the jobs' shares add up to it, but
+        the closing of each job as it left)."""
+        path = Path(str(self.config.hydra.sweep.dir)) / "stacked_groups.json"
+        groups = json.loads(path.read_text()) if path.exists() else []
+        sweep_dir = path.parent.resolve()
+        folders = [os.path.relpath(job.config.hydra.runtime.output_dir, sweep_dir) for job in jobs]
+        groups.append({"jobs": folders, "started_at": round(began, 3), "wall_time_s": round(seconds, 3)})
+        write_json(path, groups)
 
     # -- what Hydra's run_job does for a job, done here for the jobs of a group ---------------------------------
     def _open(self, job: _Job) -> None:
