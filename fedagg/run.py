@@ -29,7 +29,7 @@ from fedagg.edge import CONF
 from fedagg.edge import run_log
 from fedagg.edge.channel_choice import channel_choice, uniform_mean_for_privacy
 from fedagg.edge.command_line import explain_composition_error, in_user_words  # noqa: F401  (an API)
-from fedagg.edge.start import job_started, start
+from fedagg.edge.start import exit_now, job_started, start
 from fedagg.edge.default_model import with_default_model
 from fedagg.edge.job_checks import (FolderHeld, SetupError, check_no_ignored_choice, check_run,  # noqa: F401
                                     checked_settings, explain_missing_option, instantiate_parts, settings_from,
@@ -348,4 +348,8 @@ if __name__ == "__main__":
     # What the imports made lives as long as the process: out of the collector's sight, neither a collection during
     # the run nor the interpreter's exit walks it again (torch's objects made the exit of a run 0.4 s longer)
     gc.freeze()
-    start(main, sys.argv[1:])
+    try:
+        start(main, sys.argv[1:])
+    except SystemExit as stop:
+        exit_now(stop.code)
+    exit_now(0)

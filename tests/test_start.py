@@ -105,3 +105,26 @@ def test_a_single_run_is_composed_once_into_the_config_hydra_composes_twice(tmp_
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[-1] == "[true, true, 1, 2]"  # the same job config and hydra node, composed once
+
+
+EXIT_NOW = """
+import atexit, sys, threading, time
+from fedagg.edge.start import exit_now
+atexit.register(lambda: print("atexit ran", flush=False))
+print("buffered", end=" ")
+code = {"none": None, "two": 2, "words": "a message"}[sys.argv[1]]
+if sys.argv[2] == "thread":  # a thread that is not a daemon: the normal exit, which waits for it
+    threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", end=" "))).start()
+exit_now(code)
+print("never")
+"""
+
+
+@pytest.mark.parametrize("code, status, err", [("none", 0, ""), ("two", 2, ""), ("words", 1, "a message\n")])
+@pytest.mark.parametrize("thread", ["alone", "thread"])
+def test_exit_now_runs_the_atexit_functions_flushes_and_exits_with_the_status_sys_exit_gives(code, status, err,
+                                                                                                thread):
+    proc = subprocess.run([sys.executable, "-c", EXIT_NOW, code, thread], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    waited = "thread done " if thread == "thread" else ""
+    assert (proc.returncode, proc.stdout, proc.stderr) == (status, f"buffered {waited}atexit ran\n", err)

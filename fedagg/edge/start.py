@@ -8,11 +8,13 @@ line that composes needs no explanation.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
 import sys
-from typing import Callable, Iterator
+import threading
+from typing import Callable, Iterator, NoReturn
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.hydra import Hydra
@@ -103,6 +105,31 @@ def job_started() -> None:
     else:
         os.environ[FULL_ERROR] = str(_users_setting)
     _users_setting = _NOT_SET
+
+
+def exit_now(code: object = 0) -> NoReturn:
+    """End the process as `sys.exit(code)` would, without the interpreter's teardown: what the run made (a
+    stacked sweep's 24 jobs, torch's state) need not be freed object by object before the process is gone (1.4 s
+    at the end of a 24-job stacked sweep, 0.2 s of a single run). What the teardown does that matters is done
+    first: the atexit functions (logging's files flushed and closed, partition pictures, W&B, a launcher's
+    workers) and the standard streams flushed; fedagg writes its other files inside `with` blocks. While another
+    thread that is not a daemon runs, the process exits the normal way, which waits for it."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): the message on stderr, status 1
+        print(code, file=sys.stderr)
+        status = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe that went away
+            pass
+    os._exit(status)
 
 
 def _refuse(problem: str) -> None:
