@@ -10,15 +10,35 @@ run's summary.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fedagg.aggregators.base import AggregateResult, Aggregator, FedAvg
-from fedagg.aggregators.inputs import Needs, RoundInputs, ServerData
-from fedagg.config.constraints import Flag, Items, Range, Tune, checked
+if TYPE_CHECKING:
+    from fedagg.aggregators.base import AggregateResult, Aggregator, FedAvg
+    from fedagg.aggregators.inputs import Needs, RoundInputs, ServerData
+    from fedagg.config.constraints import Flag, Items, Range, Tune, checked
 
 __version__ = "0.1.0"
 __all__ = ["AggregateResult", "Aggregator", "FedAvg", "Flag", "Items", "Needs", "Range", "RoundInputs", "ServerData",
            "Tune", "checked", "run_experiment"]
+# imported when first asked for: `python -m fedagg.run` imports this package before its own first line, which starts
+# partition.png's drawing process before torch is imported (fedagg/data/painter.py)
+_WHERE = {**dict.fromkeys(["AggregateResult", "Aggregator", "FedAvg"], "fedagg.aggregators.base"),
+          **dict.fromkeys(["Needs", "RoundInputs", "ServerData"], "fedagg.aggregators.inputs"),
+          **dict.fromkeys(["Flag", "Items", "Range", "Tune", "checked"], "fedagg.config.constraints")}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'fedagg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
 
 
 def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:

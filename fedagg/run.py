@@ -8,7 +8,12 @@ module and `fedagg/edge` (command-line messages, the sweep's callback, the check
 
 from __future__ import annotations
 
-import contextlib
+if __name__ == "__main__":  # the command line: partition.png's process imports matplotlib while this one imports torch
+    from fedagg.data.painter import start_drawing
+
+    start_drawing()
+
+import contextlib  # noqa: E402
 import gc
 import json
 import logging

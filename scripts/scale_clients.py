@@ -7,7 +7,7 @@ round, 20 rounds, a checkpoint every 10.
 For each N and aggregator (fedavg; scaffold, whose control variates are per-client state) it runs the job twice:
 once through, and once SIGKILLed as soon as its first checkpoint is written and then resumed with resume=true. It
 prints start-up (process start to the line before round 1), the mean seconds a round after round 1 (metrics.csv's
-elapsed_s), peak RSS, the
+elapsed_s; with --eval-every, whose rows are the evaluated rounds only, the mean of all rounds), peak RSS, the
 checkpoint's size, the size of the per-client state on disk, the seconds partition.png took (from partition.json
 written to the picture on disk: it is drawn by a process of its own while the run trains), and whether the
 resumed run's weights.csv and metrics.csv (without elapsed_s) equal the uninterrupted run's. The test set has a
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import datetime as dt
 import re
 import shutil
@@ -54,10 +55,15 @@ def through(n: int, aggregator: str, run_dir: Path) -> dict:
     lines = (out.stdout + out.stderr).splitlines()
     ready = next(stamp(line) for line in lines if "torch thread" in line)
     elapsed = [float(row["elapsed_s"]) for row in rows(run_dir / "metrics.csv", drop="")]
+    if len(elapsed) >= 2:
+        per_round = (elapsed[-1] - elapsed[0]) / (len(elapsed) - 1)
+    else:  # evaluated rounds only (--eval-every): every round's mean, round 1 included
+        summary = json.loads((run_dir / "summary.json").read_text())
+        per_round = float(summary["wall_time_s"]) / summary["rounds_completed"]
     state = sum(f.stat().st_size for f in (run_dir / "client_state").rglob("*") if f.is_file()) \
         if (run_dir / "client_state").exists() else 0
     picture = (run_dir / "partition.png").stat().st_mtime - (run_dir / "partition.json").stat().st_mtime
-    return {"startup": ready - start, "round": (elapsed[-1] - elapsed[0]) / (len(elapsed) - 1), "peak_mb": peak / 1024,
+    return {"startup": ready - start, "round": per_round, "peak_mb": peak / 1024,
             "checkpoint_mb": (run_dir / "checkpoint.pt").stat().st_size / 1e6, "state_mb": state / 1e6,
             "picture_s": picture}
 

@@ -321,9 +321,9 @@ def test_dirichlet_with_min_size_0_says_it_wanted_one_sample_per_client():
 
 
 def test_a_split_drawn_before_in_the_process_is_copied_not_drawn_again(tmp_path, caplog, monkeypatch):
-    from fedagg.data import partition_report as report
+    from fedagg.data import painter
 
-    monkeypatch.setattr(report._painter, "first", {})  # splits drawn by earlier tests of this process
+    monkeypatch.setattr(painter._painter, "first", {})  # splits drawn by earlier tests of this process
     caplog.set_level(logging.DEBUG, logger="fedagg.data.partition_report")
     one = partition_stats(LABELS, split("dirichlet", 6, alpha=0.5), 10)
     other = partition_stats(LABELS, split("iid", 6), 10)

@@ -128,3 +128,12 @@ def test_exit_now_runs_the_atexit_functions_flushes_and_exits_with_the_status_sy
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     waited = "thread done " if thread == "thread" else ""
     assert (proc.returncode, proc.stdout, proc.stderr) == (status, f"buffered {waited}atexit ran\n", err)
+
+
+def test_the_package_and_the_drawing_process_import_without_torch():
+    """`python -m fedagg.run` imports the package, then starts partition.png's process on its first line: neither
+    may import torch, or the drawing process would start after torch's second of imports instead of beside it."""
+    code = "import sys, fedagg, fedagg.data.painter; print('torch' in sys.modules, fedagg.RoundInputs.__name__)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (proc.returncode, proc.stdout) == (0, "False RoundInputs\n"), proc.stderr  # the API, imported when asked

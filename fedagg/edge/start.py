@@ -22,7 +22,7 @@ from hydra._internal.utils import run_and_report
 from hydra.types import RunMode
 from omegaconf import DictConfig, read_write
 
-from fedagg.data.partition_report import start_drawing
+from fedagg.data.painter import start_drawing
 from fedagg.edge.command_line import explain_composition_error
 
 FULL_ERROR = "HYDRA_FULL_ERROR"  # set, Hydra raises what stopped it instead of printing it and exiting
