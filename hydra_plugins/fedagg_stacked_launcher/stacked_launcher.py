@@ -213,6 +213,15 @@ class _Job:
         self.ret = JobReturn()
         self.handlers: list[logging.Handler] = []
         self.prepared = None  # fedagg.run.Prepared
+        self.hydra_view = None  # HydraConfig's view of `config` once its folder is set (`serve_hydra_config`)
+
+    def serve_hydra_config(self) -> None:
+        """HydraConfig holds this job's config, as `HydraConfig.set_config(config)` did when its folder was set: the
+        view made then, not another copy of the hydra node (a few milliseconds each, several times a job)."""
+        if self.hydra_view is None:
+            HydraConfig.instance().set_config(self.config)
+            self.hydra_view = HydraConfig.instance().cfg
+        HydraConfig.instance().cfg = self.hydra_view
 
     def close_logs(self) -> None:
         for handler in self.handlers:
@@ -386,7 +395,7 @@ class StackedLauncher(Launcher):
                                   str(OmegaConf.select(config, "hydra.sweep.subdir")))
         with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
             config.hydra.runtime.output_dir = os.path.abspath(output_dir)
-        HydraConfig.instance().set_config(config)
+        job.serve_hydra_config()  # the view the job's later steps take again; its config changes no more
         task_cfg = copy.deepcopy(config)
         with read_write(task_cfg), open_dict(task_cfg):
             del task_cfg["hydra"]
@@ -410,7 +419,7 @@ class StackedLauncher(Launcher):
         from fedagg import run
         from fedagg.edge.sweep import SweepSummary
 
-        HydraConfig.instance().set_config(job.config)  # experiment files read hydra:runtime.choices
+        job.serve_hydra_config()  # experiment files read hydra:runtime.choices
         if self.stopping or SweepSummary.stopping():
             return {"status": "not started"}  # the sweep was stopped before this job began
         run_dir, resume = job.config.hydra.runtime.output_dir, job.ret.cfg.get("resume") is True
@@ -431,7 +440,7 @@ class StackedLauncher(Launcher):
         run_dir = job.config.hydra.runtime.output_dir
         resume = job.ret.cfg.get("resume") is True
         with stop.writing(last=True), serving(job):  # a second Ctrl-C stops the others once the job has ended
-            HydraConfig.instance().set_config(job.config)
+            job.serve_hydra_config()
             if job.prepared is not None and job.prepared.loop is not None:
                 try:
                     if isinstance(outcome, BaseException):
