@@ -41,6 +41,16 @@ def assert_same_files(a, b):
     assert {k: v for k, v in sa.items() if k not in VARIABLE} == {k: v for k, v in sb.items() if k not in VARIABLE}
 
 
+def stop_after_step(run: list[str], stop_at: int, folder) -> None:
+    """Train `run` for 8 server steps in `folder`, stopped (Ctrl-C, FedBuffStop) after step `stop_at`."""
+    FedBuffStop.at = stop_at
+    try:
+        stopped = train(compose_config(*run, "rounds=8"), folder)
+    finally:
+        FedBuffStop.at = None
+    assert stopped["status"] == "interrupted" and stopped["rounds_completed"] == stop_at
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     folder = tmp_path_factory.mktemp("reference")
@@ -51,12 +61,7 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("stop_at", [3, 4])  # after a step, and after a checkpoint_every step
 def test_stopped_after_a_server_step_and_resumed_gives_the_uninterrupted_files(stop_at, reference, tmp_path):
-    FedBuffStop.at = stop_at
-    try:
-        stopped = train(compose_config(*RUN, "rounds=8"), tmp_path)
-    finally:
-        FedBuffStop.at = None
-    assert stopped["status"] == "interrupted" and stopped["rounds_completed"] == stop_at
+    stop_after_step(RUN, stop_at, tmp_path)
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
     flights = ckpt["schedule"]["flights"]
     assert len(flights) + ckpt["schedule"]["owed"] == 5 and all(f["trained"] is not None for f in flights)

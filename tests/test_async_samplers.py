@@ -22,8 +22,7 @@ from fedagg.runtime.progress import RoundProgress
 from fedagg.sampling.base import Draw, Sampler
 from fedagg.sampling.size import SizeProportional
 from fedagg.seeding import generator
-from stopping import FedBuffStop
-from test_async_resume import RUN, assert_same_files
+from test_async_resume import RUN, assert_same_files, stop_after_step
 
 EQUAL_CLOCK = ["clock=uniform", "clock.min=1.0", "clock.mean=1.0"]  # 1 s a step for every client: integer times
 
@@ -176,12 +175,7 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("stop_at", [3, 4])  # after a step, and after a checkpoint_every step
 def test_power_of_choice_stopped_and_resumed_gives_the_uninterrupted_files(stop_at, reference, tmp_path):
-    FedBuffStop.at = stop_at
-    try:
-        stopped = train(compose_config(*POC, "rounds=8"), tmp_path)
-    finally:
-        FedBuffStop.at = None
-    assert stopped["status"] == "interrupted" and stopped["rounds_completed"] == stop_at
+    stop_after_step(POC, stop_at, tmp_path)
     assert train(compose_config(*POC, "rounds=8", "resume=true"), tmp_path)["status"] == "completed"
     assert_same_files(tmp_path, reference)
 

@@ -4,18 +4,15 @@ simulated time and client updates in plots and reports."""
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ROOT, SHARED_DATA, needs_mnist
+from conftest import SHARED_DATA, needs_mnist
+from real_sweeps import basic_and_stacked, cli_sweep, rows
 from fedagg.results import plots as plot
 from fedagg.results.table import main as table_main
 
@@ -28,26 +25,10 @@ JOBS = ["client/objective=none,fedprox", "seed=0,1"]
 
 
 def sweep(folder: Path, *extra: str) -> Path:
-    cmd = [sys.executable, "-m", "fedagg.run", "-m", *COMMON, *JOBS, *extra, f"hydra.sweep.dir={folder}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", FEDAGG_CACHE=str(folder / "cache")),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return folder
+    return cli_sweep(folder, *COMMON, *JOBS, *extra, env={"FEDAGG_CACHE": str(folder / "cache")})
 
 
-@pytest.fixture(scope="module")
-def basic(tmp_path_factory) -> Path:
-    return sweep(tmp_path_factory.mktemp("basic"))
-
-
-@pytest.fixture(scope="module")
-def stacked(tmp_path_factory) -> Path:
-    return sweep(tmp_path_factory.mktemp("stacked"), "engine=parallel", "hydra/launcher=stacked")
-
-
-def rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+basic, stacked = basic_and_stacked(sweep)
 
 
 def runs_of(folder: Path) -> dict[tuple, Path]:

@@ -3,18 +3,14 @@ basic launcher, and the same jobs stacked (the comparison folder's are in test_c
 
 from __future__ import annotations
 
-import csv
 import json
 import math
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from real_sweeps import basic_and_stacked, cli_sweep, rows
 from fedagg.results import build_table, load_clients, load_curves, load_sweep, load_weights
 from fedagg.results.plots import main as plot_main
 from fedagg.results.table import main as table_main
@@ -25,26 +21,10 @@ COMMON = ["rounds=4", "num_clients=6", "eval.per_client=true", "eval_every=2"]
 
 
 def sweep(folder: Path, *extra: str) -> Path:
-    cmd = [sys.executable, "-m", "fedagg.run", "-m", *COMMON, *JOBS, *extra, f"hydra.sweep.dir={folder}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return folder
+    return cli_sweep(folder, *COMMON, *JOBS, *extra)
 
 
-@pytest.fixture(scope="module")
-def basic(tmp_path_factory) -> Path:
-    return sweep(tmp_path_factory.mktemp("basic"))
-
-
-@pytest.fixture(scope="module")
-def stacked(tmp_path_factory) -> Path:
-    return sweep(tmp_path_factory.mktemp("stacked"), "engine=parallel", "hydra/launcher=stacked")
-
-
-def rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+basic, stacked = basic_and_stacked(sweep)
 
 
 def run_dirs(folder: Path) -> list[Path]:
