@@ -82,6 +82,7 @@ def test_a_stacked_sweep_trains_engine_auto_jobs_with_the_parallel_engine_and_sa
     out = sweep(tmp_path / "stacked", "hydra/launcher=stacked")
     assert out.count("engine=auto: jobs trained together use the parallel engine") == 1, out
     assert "jobs #0, #1, #2, #3 train together" in out
+    assert out.count("engine.chunk_size=auto: ") == 1, out  # the group's engine; not again for each job's own
     sweep(tmp_path / "alone", "engine=parallel")  # the basic launcher, one job after another
     for job in range(4):
         stacked = tmp_path / "stacked" / str(job)

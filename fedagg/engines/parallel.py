@@ -65,9 +65,10 @@ class ParallelEngine(Engine):
     def clients_in_memory(self) -> int:
         return CPU_CHUNK if self.chunk_size == "auto" else self.chunk_size
 
-    def _resolve_chunk_size(self, jobs: list[RoundJob]) -> None:
+    def _resolve_chunk_size(self, jobs: list[RoundJob], say: bool = True) -> None:
         """`auto`: as many clients as the device holds (engines/memory.py), chosen once, at the first round, for
-        every client of `jobs` (several runs' when a sweep is stacked) and the data they keep on the device."""
+        every client of `jobs` (several runs' when a sweep is stacked) and the data they keep on the device.
+        `say`: log the choice (a stacked job's own engine, which only sizes its aggregator's blocks, does not)."""
         if self.chunk_size != "auto":
             return
         job, data = jobs[0], jobs[0].data
@@ -77,7 +78,8 @@ class ParallelEngine(Engine):
         resident = sum(t.numel() * t.element_size() for t in held.values())
         self.chunk_size = auto_chunk_size(job.model, sample, job.trainer.batch_size,
                                           sum(len(j.clients) for j in jobs), resident)
-        log.info("engine.chunk_size=auto: %d clients at once on %s", self.chunk_size, sample.device)
+        if say:
+            log.info("engine.chunk_size=auto: %d clients at once on %s", self.chunk_size, sample.device)
 
     def check(self, trainer: LocalSGD) -> None:
         if not trainer.stackable:

@@ -104,7 +104,7 @@ def run_in_step(loops: list[RoundLoop], engine: ParallelEngine, stop: StopReques
                         plans[k] = plan = loops[k].begin(loops[k].next_round)
                         own = loops[k].fed.engine
                         if plan.job is not None and own is not engine and isinstance(own, ParallelEngine):
-                            own._resolve_chunk_size([plan.job])  # what the run alone cuts its aggregator's blocks to
+                            own._resolve_chunk_size([plan.job], say=False)  # what the run alone cuts its blocks to
                 except Exception as err:
                     failed(k, err)
             jobs = {k: plan.job for k, plan in plans.items() if plan.job is not None}
