@@ -22,7 +22,6 @@ from hydra._internal.utils import run_and_report
 from hydra.types import RunMode
 from omegaconf import DictConfig, read_write
 
-from fedagg.data.painter import start_drawing
 from fedagg.edge.command_line import explain_composition_error
 
 FULL_ERROR = "HYDRA_FULL_ERROR"  # set, Hydra raises what stopped it instead of printing it and exiting
@@ -36,8 +35,6 @@ def is_sweep(argv: list[str]) -> bool:
 
 def start(main: Callable[[], object], argv: list[str]) -> None:
     """Run Hydra's `main` on `argv` (sys.argv[1:]); a command line it cannot compose exits 2 with one line."""
-    if not any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):  # --help, --cfg: no run
-        start_drawing()  # partition.png's process imports matplotlib while Hydra composes
     if is_sweep(argv):
         if (problem := explain_composition_error(argv)) is not None:
             _refuse(problem)
