@@ -170,8 +170,9 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
                          "folder, overwrite=true replaces it; choose one")
     previous = _read_summary(run_dir)
     held = held_run(run_dir)  # read under the folder's lock, before anything is written
-    if held is None:
-        run_log.claim(run_dir, fresh=True)  # nothing of another run is there: the folder is this run's
+    if held is None:  # nothing of another run is there: the folder is this run's
+        clear_run(run_dir)  # what a run that never completed a round left (its setup's files) mixes with nothing
+        run_log.claim(run_dir, fresh=True)
     if cfg.resume and previous is not None and previous.get("status") == "completed":
         if changed := _changed_keys(previous.get("config", {}), config):
             raise FolderHeld(f"resume=true but {run_dir} holds a completed run whose configuration differs in "

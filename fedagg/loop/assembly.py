@@ -46,6 +46,7 @@ def connect(parts: Parts, settings: Settings) -> None:
     trainer.sensitivity = parts.aggregator.needs.sensitivity  # measured during local training when declared
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
+    parts.system.check(trainer.local_epochs)
     parts.server = parts.server or Synchronous()  # rounds unless the server group says otherwise
     parts.channel = Channel.of(parts.channel).connect(parts.attack, parts.aggregator.channel_stages())
     sampleable = settings.num_clients - len(settings.held_out_ids)

@@ -1,0 +1,93 @@
+"""Every check of a run comes before its first file, and a folder whose run never completed a round holds no run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT, compose_config
+from fedagg.aggregators.base import FedAvg
+from fedagg.run import FolderHeld, train
+
+STRAGGLERS = ["system=stragglers", "system.work=epochs_code", "rounds=2"]
+EPOCHS_LINE = ("system.work=epochs_code is not allowed with client.local_epochs=1; FedProx's code draws a straggler's "
+               "epochs from 1..E-1, so it needs E >= 2 (or use epochs_text)")
+
+
+def run_cli(folder, *overrides):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "fedagg.run", *overrides, f"hydra.run.dir={folder}"], cwd=ROOT,
+                          env=env, capture_output=True, text=True)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def last_message(output: str) -> str:
+    return output.strip().splitlines()[-1].split("] - ", 1)[-1]
+
+
+def files(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_a_budget_the_system_cannot_draw_is_one_line_before_any_file_and_blocks_nothing(tmp_path):
+    folder = tmp_path / "run"
+    rc, out = run_cli(folder, *STRAGGLERS, "client.local_epochs=1")
+    assert rc == 2 and "Traceback" not in out and last_message(out) == EPOCHS_LINE
+    assert files(folder) == ["run.log", "summary.json"]  # the refusal's line and summary; nothing of a run
+    assert json.loads((folder / "summary.json").read_text())["error"] == f"ValueError: {EPOCHS_LINE}"
+    rc, out = run_cli(folder, *STRAGGLERS, "client.local_epochs=2")  # the corrected command, in the same folder
+    assert rc == 0, out[-2000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert (summary["status"], summary["rounds_completed"], summary["config"]["client"]["local_epochs"]) == (
+        "completed", 2, 2)
+
+
+class FailsInRound(FedAvg):
+    """FedAvg that breaks (a bug, not a setting) in round `at`."""
+
+    at = 1
+
+    def aggregate(self, inputs):
+        if inputs.round == type(self).at:
+            raise RuntimeError(f"broken in round {inputs.round}")
+        return super().aggregate(inputs)
+
+
+@pytest.fixture
+def breaking(monkeypatch):
+    def at(round_):
+        monkeypatch.setattr(FailsInRound, "at", round_)
+        return compose_config("rounds=2", "device=cpu", "num_clients=4", f"aggregator._target_={__name__}.FailsInRound")
+    return at
+
+
+def test_a_folder_whose_run_never_completed_a_round_holds_no_run(tmp_path, breaking):
+    folder = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="broken in round 1"):
+        train(breaking(1), folder)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert (summary["status"], summary["rounds_completed"]) == ("failed", 0)
+    assert {"config.yaml", "partition.json", "model.pt"} <= set(files(folder))  # what its setup wrote
+    summary = train(compose_config("rounds=1", "device=cpu", "seed=3"), folder)
+    assert (summary["status"], summary["seed"]) == ("completed", 3)
+    assert OmegaConf.load(folder / "config.yaml").seed == 3  # its own files, nothing of the failed run's
+
+
+def test_a_run_killed_before_its_first_round_blocks_nothing(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("config.yaml", "partition.json", "partition.png"):  # what the setup wrote; no summary
+        (folder / name).write_text("left\n")
+    assert train(compose_config("rounds=1", "device=cpu"), folder)["status"] == "completed"
+    assert (folder / "partition.json").read_text() != "left\n"
+
+
+def test_a_run_that_completed_a_round_before_failing_is_still_held(tmp_path, breaking):
+    folder = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="broken in round 2"):
+        train(breaking(2), folder)
+    with pytest.raises(FolderHeld, match=r"holds a failed run \(seed=0, 1 round\); nothing was changed"):
+        train(compose_config("rounds=1", "device=cpu"), folder)
