@@ -163,8 +163,10 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
     cfg, weighting_note = uniform_mean_for_privacy(cfg, overrides)
     if weighting_note is not None:
         config = OmegaConf.to_container(cfg, resolve=True)
-    summary_base = {"seed": cfg.seed, "method": method_of(choices, config), "method_name": method_name_of(choices, config),
-                    "choices": choices, "overrides": overrides, "config": config, "experiment_scale": cfg.experiment_scale}
+    # plain values (the resolved config's), not the config's nodes: a summary is written even when a key holds a list
+    summary_base = {"seed": config.get("seed"), "method": method_of(choices, config),
+                    "method_name": method_name_of(choices, config), "choices": choices, "overrides": overrides,
+                    "config": config, "experiment_scale": config.get("experiment_scale")}
     if cfg.get("resume") is True and cfg.get("overwrite") is True:
         raise SetupError("resume=true and overwrite=true contradict each other: resume=true continues the run in the "
                          "folder, overwrite=true replaces it; choose one")
@@ -189,7 +191,7 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
         if held is None:  # never touch an earlier run's folder
             write_json(run_dir / "summary.json", dict(summary_base, status="failed",
                                                       error=f"{type(err).__name__}: {err}",
-                                                      traceback=traceback.format_exc()))
+                                                      traceback=traceback.format_exc()), lenient=True)
         if isinstance(err, SetupError):
             raise
         if (user_error := user_error_of(err)) is not None:

@@ -1,4 +1,5 @@
-"""Every check of a run comes before its first file, and a folder whose run never completed a round holds no run."""
+"""Every check of a run comes before its first file, a folder whose run never completed a round holds no run, and a
+failure's summary is written whatever the configuration holds."""
 
 import json
 import os
@@ -10,7 +11,8 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT, compose_config
 from fedagg.aggregators.base import FedAvg
-from fedagg.run import FolderHeld, train
+from fedagg.run import FolderHeld, SetupError, train
+from fedagg.tracking.files import write_json
 
 STRAGGLERS = ["system=stragglers", "system.work=epochs_code", "rounds=2"]
 EPOCHS_LINE = ("system.work=epochs_code is not allowed with client.local_epochs=1; FedProx's code draws a straggler's "
@@ -91,3 +93,26 @@ def test_a_run_that_completed_a_round_before_failing_is_still_held(tmp_path, bre
         train(breaking(2), folder)
     with pytest.raises(FolderHeld, match=r"holds a failed run \(seed=0, 1 round\); nothing was changed"):
         train(compose_config("rounds=1", "device=cpu"), folder)
+
+
+def test_a_list_where_a_number_belongs_is_one_line_and_its_summary_is_written(tmp_path):
+    folder = tmp_path / "run"
+    rc, out = run_cli(folder, "seed=[0,1]", "rounds=1")
+    assert rc == 2 and "Traceback" not in out and last_message(out) == "seed=[0, 1] is not allowed; it must be an integer"
+    assert files(folder) == ["run.log", "summary.json"]  # no summary.json.tmp
+    summary = json.loads((folder / "summary.json").read_text())
+    assert (summary["status"], summary["seed"], summary["config"]["seed"]) == ("failed", [0, 1], [0, 1])
+    assert "seed=[0, 1] is not allowed" in (folder / "run.log").read_text()
+    with pytest.raises(SetupError, match=r"^experiment_scale=\[0.5, 1\] is not allowed; it must be a number$"):
+        train(compose_config("experiment_scale=[0.5,1]"), tmp_path / "scale")
+    assert json.loads((tmp_path / "scale" / "summary.json").read_text())["experiment_scale"] == [0.5, 1]
+
+
+def test_a_value_json_cannot_hold_leaves_no_temp_file_and_a_failure_writes_it_anyway(tmp_path):
+    path = tmp_path / "summary.json"
+    with pytest.raises(TypeError, match="cannot write object to JSON"):
+        write_json(path, {"a": object()})
+    assert files(tmp_path) == []
+    write_json(path, {"a": OmegaConf.create([0, 1]), "b": OmegaConf.create({"c": 2}), "d": {3}, "e": Ellipsis},
+               lenient=True)
+    assert json.loads(path.read_text()) == {"a": [0, 1], "b": {"c": 2}, "d": [3], "e": "Ellipsis"}
