@@ -116,3 +116,20 @@ def test_a_value_json_cannot_hold_leaves_no_temp_file_and_a_failure_writes_it_an
     write_json(path, {"a": OmegaConf.create([0, 1]), "b": OmegaConf.create({"c": 2}), "d": {3}, "e": Ellipsis},
                lenient=True)
     assert json.loads(path.read_text()) == {"a": [0, 1], "b": {"c": 2}, "d": [3], "e": "Ellipsis"}
+
+
+def test_a_resume_whose_files_changed_is_one_line_before_it_writes(tmp_path, breaking):
+    """The checkpoint's own checks (the files as it left them) come before the resumed run rewrites config.yaml."""
+    folder = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="broken in round 2"):
+        train(OmegaConf.merge(breaking(2), {"checkpoint_every": 1}), folder)
+    metrics = folder / "metrics.csv"
+    metrics.write_text(metrics.read_text().replace("1,", "7,", 1))  # round 1's row changed after the checkpoint
+    (folder / "config.yaml").write_text("# kept\n")
+    cfg = OmegaConf.merge(breaking(99), {"checkpoint_every": 1, "resume": True})
+    with pytest.raises(SetupError) as err:
+        train(cfg, folder)
+    assert str(err.value) == (f"{metrics} no longer holds the 1 rows the checkpoint recorded (it was changed or cut "
+                              "short after it); resume needs the run's files as it left them, or start the run again "
+                              "with overwrite=true")
+    assert (folder / "config.yaml").read_text() == "# kept\n"
