@@ -52,7 +52,8 @@ class Sees:
 
     @property
     def forward(self) -> bool:
-        """Whether the objective reads the forward pass at all (else the engines run it as plain logits)."""
+        """Whether it declares reading the forward pass (the engines ask `Objective.reads_forward`, which adds
+        what the objective overrides)."""
         return self.representation or self.global_model or self.previous_model or self.label_counts
 
 
