@@ -163,15 +163,18 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
     cfg, weighting_note = uniform_mean_for_privacy(cfg, overrides)
     if weighting_note is not None:
         config = OmegaConf.to_container(cfg, resolve=True)
-    summary_base = {"seed": cfg.seed, "method": method_of(choices, config), "method_name": method_name_of(choices, config),
-                    "choices": choices, "overrides": overrides, "config": config, "experiment_scale": cfg.experiment_scale}
+    # plain values (the resolved config's), not the config's nodes: a summary is written even when a key holds a list
+    summary_base = {"seed": config.get("seed"), "method": method_of(choices, config),
+                    "method_name": method_name_of(choices, config), "choices": choices, "overrides": overrides,
+                    "config": config, "experiment_scale": config.get("experiment_scale")}
     if cfg.get("resume") is True and cfg.get("overwrite") is True:
         raise SetupError("resume=true and overwrite=true contradict each other: resume=true continues the run in the "
                          "folder, overwrite=true replaces it; choose one")
     previous = _read_summary(run_dir)
     held = held_run(run_dir)  # read under the folder's lock, before anything is written
-    if held is None:
-        run_log.claim(run_dir, fresh=True)  # nothing of another run is there: the folder is this run's
+    if held is None:  # nothing of another run is there: the folder is this run's
+        clear_run(run_dir)  # what a run that never completed a round left (its setup's files) mixes with nothing
+        run_log.claim(run_dir, fresh=True)
     if cfg.resume and previous is not None and previous.get("status") == "completed":
         if changed := _changed_keys(previous.get("config", {}), config):
             raise FolderHeld(f"resume=true but {run_dir} holds a completed run whose configuration differs in "
@@ -180,7 +183,7 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
         return Prepared(run_dir, stack, summary=previous)
     stack.enter_context(numerics(cfg.deterministic is True, cfg.tf32 is True))  # the values are checked in _prepare
     try:
-        fed, settings, checkpoint = _prepare(cfg, run_dir, choices, config, summary_base, held)
+        loop = _prepare(cfg, run_dir, choices, config, summary_base, held)
     except KeyboardInterrupt:
         log.warning("stopped before the first round: nothing was computed")
         raise interrupts.StoppedNow from None
@@ -188,12 +191,13 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
         if held is None:  # never touch an earlier run's folder
             write_json(run_dir / "summary.json", dict(summary_base, status="failed",
                                                       error=f"{type(err).__name__}: {err}",
-                                                      traceback=traceback.format_exc()))
+                                                      traceback=traceback.format_exc()), lenient=True)
         if isinstance(err, SetupError):
             raise
         if (user_error := user_error_of(err)) is not None:
             raise SetupError(str(user_error)) from err
         raise
+    fed = loop.fed
     num_params = sum(p.numel() for p in fed.model.parameters())
     # the default backbone's reason joins this line, after the setup: a configuration error stays one line;
     # the training samples are the clients' (experiment_scale shrinks them as it shrinks the test set)
@@ -208,7 +212,7 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
     stack.callback(lambda: fed.tracker.finish(_read_summary(run_dir) or {"status": "failed"}))
     stack.callback(drawn)  # partition.png, drawn while the first rounds ran
     fed.tracker.log_image("partition", run_dir / "partition.png")
-    return Prepared(run_dir, stack, loop=federation_loop(fed, settings, run_dir, summary_base, checkpoint))
+    return Prepared(run_dir, stack, loop=loop)
 
 
 def report(summary: dict, run_dir: Path) -> None:
@@ -223,10 +227,11 @@ def report(summary: dict, run_dir: Path) -> None:
                  summary["rounds_completed"], run_dir)
 
 
-def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summary_base: dict, held: str | None):
+def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summary_base: dict,
+             held: str | None) -> RoundLoop:
     """Everything that can reject the configuration, before any data is loaded; then the folder (`held`: the
-    earlier run it holds, if any); then the data, the clients and the model. Returns (federation, settings, the
-    checkpoint to resume from or None)."""
+    earlier run it holds, if any); then the data, the clients, the model and the round loop (resumed from its
+    checkpoint, whose files it checks), all before the run's first file is written. Returns the loop."""
     settings = checked_settings(cfg, choices)
     device = resolve_device(cfg.device)
     summary_base["device"] = device.type  # the random streams of a run depend on it
@@ -253,10 +258,11 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     run_log.claim(run_dir, fresh=False)  # resumed: its log goes on (claimed already when the folder held nothing)
     fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale,
                    download=cfg.data.download)
-    settings = fed.settings  # num_clients=null is now the dataset's number of clients
+    # fed.settings: num_clients=null is now the dataset's number of clients
+    loop = federation_loop(fed, fed.settings, run_dir, summary_base, checkpoint)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     save_partition_report(fed.partition, run_dir)
-    return fed, settings, checkpoint
+    return loop
 
 
 def _keep_recorded_engine(cfg: DictConfig, summary_base: dict, parts, recorded: dict | None) -> None:

@@ -175,7 +175,6 @@ def test_a_method_with_a_client_half_runs_it_and_refuses_a_second_objective(tmp_
 
 
 class Unstackable(Objective):
-    adds_to_loss = True
     stackable = False
 
 

@@ -43,8 +43,6 @@ def local_masks(model: nn.Module) -> tuple[Tensor, Tensor]:
 class FedBNClient(Objective):
     """Client half: per client id its normalisation layers' parameters and buffers, flat [L_P + L_B]."""
 
-    personal = True
-
     def __init__(self) -> None:
         self.local = ClientStore()  # client id -> its normalisation layers after its last training
         self.param_mask: Tensor | None = None

@@ -29,8 +29,6 @@ class FedDynClient(Objective):
     g_k is zero until the client first trains (Acar et al., Algorithm 1).
     """
 
-    adds_to_loss = True
-
     @checked("aggregator.client.")
     def __init__(self, alpha: Alpha = 0.01) -> None:
         self.alpha = float(alpha)

@@ -26,8 +26,6 @@ from fedagg.config.constraints import Range, Tune, checked
 class ScaffoldClient(Objective):
     """Client half: the correction c − c_k in the loss; c_k per client id; Δc_k sent to the server."""
 
-    adds_to_loss = True
-
     def __init__(self) -> None:
         self.c: Tensor | None = None  # the server variate as last sent to the clients
         self.variates = ClientStore()  # client id -> c_k, on the host (spilled to the run folder past a budget)

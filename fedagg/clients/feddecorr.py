@@ -20,7 +20,6 @@ EPS = 1e-8
 
 
 class FedDecorr(Objective):
-    adds_to_loss = True
     sees = Sees(representation=True)
 
     @checked("client.objective.")

@@ -20,7 +20,6 @@ ABSENT_COUNT = 1e-8  # FL-bench's count of a class the client lacks (src/client/
 
 
 class FedLC(Objective):
-    adds_to_loss = True
     sees = Sees(label_counts=True)
 
     @checked("client.objective.")

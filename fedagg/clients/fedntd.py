@@ -25,7 +25,6 @@ def not_true(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 class FedNTD(Objective):
-    adds_to_loss = True
     sees = Sees(global_model=True)
 
     @checked("client.objective.")

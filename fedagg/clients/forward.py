@@ -63,7 +63,7 @@ def forward_terms(objective: Objective, forward: Forward, params: list[Tensor], 
                   y: Tensor, run: RunInputs, own: ClientInputs) -> Terms:
     """The logits, the logits one client's task loss is taken of and the objective's term (or None), on its batch."""
     sees = objective.sees
-    if not sees.forward:  # the forward before the penalty: the order autograd sums their gradients in
+    if not objective.reads_forward:  # the forward before the penalty: the order autograd sums their gradients in
         logits = forward(params, buffers, x, represent=False, frozen=False).logits
         return Terms(logits, logits, objective.penalty(list(params), run.anchor, own.state))
     local = forward(params, buffers, x, represent=sees.representation, frozen=False)

@@ -21,8 +21,6 @@ from fedagg.config.constraints import Range, Tune, checked
 
 
 class MOON(Objective):
-    adds_to_loss = True
-
     @checked("client.objective.")
     def __init__(self,
                  mu: Annotated[float, Range(ge=0, finite=True),

@@ -52,7 +52,8 @@ class Sees:
 
     @property
     def forward(self) -> bool:
-        """Whether the objective reads the forward pass at all (else the engines run it as plain logits)."""
+        """Whether it declares reading the forward pass (the engines ask `Objective.reads_forward`, which adds
+        what the objective overrides)."""
         return self.representation or self.global_model or self.previous_model or self.label_counts
 
 
@@ -67,15 +68,39 @@ class Seen(NamedTuple):
     label_counts: Tensor | None = None  # [C] float
 
 
+# the hooks by which an objective changes local training; overriding one is what makes it contribute
+LOSS_HOOKS = ("penalty", "forward_term", "task_logits")
+HOOKS = (*LOSS_HOOKS, "start", "client_state", "after_training")
+
+
 class Objective(metaclass=Named):
-    """Plain empirical risk: nothing added, nothing kept (`client/objective=none`)."""
+    """Plain empirical risk: nothing added, nothing kept (`client/objective=none`).
+
+    What a subclass contributes is derived once, when the class is defined, from the hooks it overrides
+    (`overrides`, `adds_to_loss`, `on_forward`, `personal`), never from a flag its author could forget: a
+    `task_logits` of its own is always trained with, and always refused beside a method's own client half."""
 
     display_name: str | None = None  # `display_name: ...` in the method's YAML (see fedagg.config.names)
-    adds_to_loss = False  # True for every objective that changes local training
     stackable = True  # its penalty runs under torch.func.vmap on stacked clients (engine=parallel)
     proximal_mu = 0.0  # mu of a mu/2 ||theta - w||^2 term it adds, for server rules that depend on it (FedNova)
     sees = Sees()  # what it reads of the forward pass
-    personal = False  # True: each client starts from (and is evaluated with) a model of its own (`start`)
+    # derived by __init_subclass__ (a value set in a subclass's body is replaced):
+    overrides: frozenset[str] = frozenset()  # the HOOKS its class defines anew
+    adds_to_loss = False  # a term of the local loss (penalty, forward_term) or the task's logits (task_logits)
+    on_forward = False  # forward_term or task_logits: the engines run the forward pass for it, whatever `sees` says
+    personal = False  # start: each client starts from (and is evaluated with) a model of its own
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.overrides = frozenset(hook for hook in HOOKS if getattr(cls, hook) is not getattr(Objective, hook))
+        cls.adds_to_loss = not cls.overrides.isdisjoint(LOSS_HOOKS)
+        cls.on_forward = not cls.overrides.isdisjoint(("forward_term", "task_logits"))
+        cls.personal = "start" in cls.overrides
+
+    @property
+    def reads_forward(self) -> bool:
+        """Whether local training runs its forward pass through `Seen` (else the engines run it as plain logits)."""
+        return self.on_forward or self.sees.forward
 
     def penalty(self, params: list[Tensor], anchor: list[Tensor], state: list[Tensor] | None) -> Tensor | None:
         """Term added to the batch loss; `anchor` is the round's global model, `state` this client's."""
@@ -120,8 +145,6 @@ class Objective(metaclass=Named):
 
 class FedProx(Objective):
     """FedProx (Li et al. 2020): task loss + mu/2 ||theta - w||^2; the server is plain FedAvg."""
-
-    adds_to_loss = True
 
     @checked("client.objective.")
     def __init__(self, mu: Annotated[float, Range(ge=0, words="it must be >= 0"),

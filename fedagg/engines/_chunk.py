@@ -80,7 +80,7 @@ class Part:
         self.starts = job.trainer.starts(self.clients, job.global_params, job.global_buffers)
         # a batch's samples must not interact: an objective that reads the forward pass (FedDecorr's batch
         # statistics, MOON's and FedNTD's means) sees only the client's real samples, never a filled-up batch
-        self.fills = not job.trainer.objective.sees.forward
+        self.fills = not job.trainer.objective.reads_forward
 
     def initial_params(self, shapes: list[torch.Size]) -> list[Tensor]:
         k = len(self.clients)

@@ -38,13 +38,15 @@ def connect(parts: Parts, settings: Settings) -> None:
     cannot run. Needs no data, so a bad combination is refused before anything is loaded."""
     half, trainer = parts.aggregator.needs.client_half, parts.client
     if half is not None and trainer.objective is not half:
-        if trainer.objective.adds_to_loss:
-            raise ValueError(f"the aggregator brings its own client half ({type(half).__name__}); client objective "
+        if trainer.objective.overrides:  # it would change local training: derived, so never dropped unsaid
+            shown = f"aggregator={parts.choices['aggregator']}" if parts.choices.get("aggregator") else "the aggregator"
+            raise ValueError(f"{shown} brings its own client half ({type(half).__name__}); client objective "
                              f"{type(trainer.objective).__name__} cannot be added to it: use client/objective=none")
         trainer.objective = half
     trainer.sensitivity = parts.aggregator.needs.sensitivity  # measured during local training when declared
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
     parts.engine.check(trainer)
+    parts.system.check(trainer.local_epochs)
     parts.server = parts.server or Synchronous()  # rounds unless the server group says otherwise
     parts.channel = Channel.of(parts.channel).connect(parts.attack, parts.aggregator.channel_stages())
     sampleable = settings.num_clients - len(settings.held_out_ids)

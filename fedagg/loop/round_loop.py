@@ -374,7 +374,7 @@ class RoundLoop:
         set_buffers(self.fed.model, self.buffers)
         # CPU tensors: model.pt opens anywhere, without map_location
         save_atomically({k: v.cpu() for k, v in self.fed.model.state_dict().items()}, self.run_dir / "model.pt")
-        write_json(self.run_dir / "summary.json", self.summary)
+        write_json(self.run_dir / "summary.json", self.summary, lenient=self.summary["status"] == "failed")
 
 
 def federation_loop(fed: Federation, settings: Settings, run_dir: Path, summary_base: dict,

@@ -35,22 +35,26 @@ def _summary(path: Path) -> dict | None:
     return summary if isinstance(summary, dict) else None
 
 
+# what a run writes only once a round is done; the rest (config.yaml, partition.*, the initial model.pt, a failure's
+# summary) a run may leave before its first round, when it has computed nothing
+ROUND_FILES = ("metrics.csv", "weights.csv", "clients.csv", "checkpoint.pt", "checkpoint.prev.pt")
+
+
 def held_run(path: Path) -> str | None:
     """The earlier run the folder holds, in words ("a completed run (seed=0, 2 rounds)"), or None when there is
-    nothing a run computed: no result file, or only the summary of a run that failed before its first round (its
-    error is all it left, and the next attempt replaces it with its own outcome)."""
+    nothing a run computed: no result file, or only what a run left that never completed its first round (its
+    error is all it has to say, and the next attempt replaces those files with its own; `clear_run`)."""
     path = Path(path)
     present = [name for name in RUN_FILES if (path / name).exists()]
     summary = _summary(path)
+    rounds = summary.get("rounds_completed") if summary is not None else None
+    if not rounds and not any(name in ROUND_FILES for name in present):
+        return None
     if summary is not None and "rounds_completed" in summary:
         n = summary["rounds_completed"]
         status = summary.get("status")
         article = "an" if str(status)[:1] in tuple("aeiou") else "a"  # an interrupted run
         return f"{article} {status} run (seed={summary.get('seed')}, {n} round{'' if n == 1 else 's'})"
-    if summary is not None and summary.get("status") == "failed":  # failed at setup: no round ran
-        present.remove("summary.json")
-    if not present:
-        return None
     return f"the files of a run that did not finish ({', '.join(present)})"
 
 

@@ -24,6 +24,10 @@ class System:
 
     takes_clients_offline: ClassVar[bool] = False  # True: `online` leaves some clients out of a round's sampling
 
+    def check(self, local_epochs: int) -> None:
+        """Refuse, in one line, a client budget it cannot model; the assembly calls it before anything is
+        loaded or written, so that no round finds out."""
+
     def online(self, seed: int, round: int, num_clients: int) -> Tensor | None:
         """[num_clients] bool: who can be sampled this round (None: everyone)."""
         return None

@@ -45,12 +45,16 @@ class Stragglers(System):
         lagging = set(self._draw(seed, round, len(sampled))[0])
         return [i for k, i in enumerate(sampled) if k not in lagging]
 
+    def check(self, local_epochs: int) -> None:
+        if self.partial_work == "keep" and self.work == "epochs_code" and local_epochs < 2:
+            raise ValueError(f"system.work=epochs_code is not allowed with client.local_epochs={local_epochs}; "
+                             "FedProx's code draws a straggler's epochs from 1..E-1, so it needs E >= 2 (or use "
+                             "epochs_text)")
+
     def budgets(self, seed: int, round: int, ids: list[int], full: list[int], epochs: int = 1) -> list[int] | None:
         if self.partial_work == "drop":
             return None  # the stragglers never reach the server; those who report work in full
-        if self.work == "epochs_code" and epochs < 2:
-            raise ValueError(f"system.work=epochs_code is not allowed with client.local_epochs={epochs}; FedProx's "
-                             "code draws a straggler's epochs from 1..E-1, so it needs E >= 2 (or use epochs_text)")
+        self.check(epochs)  # a caller that skipped the assembly's check
         lagging, draws = self._draw(seed, round, len(ids))
         budgets = list(full)
         for k in lagging:

@@ -12,16 +12,23 @@ import io
 import json
 import math
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 
-def write_json(path: Path, obj) -> None:
-    """Write via a temp file and rename, so readers never see half a file."""
+def write_json(path: Path, obj, lenient: bool = False) -> None:
+    """Write via a temp file and rename, so readers never see half a file (nor a temp file left by an error).
+    `lenient`: a value JSON has no type for is written as a list, an object or its text instead of refused (a
+    failure's summary, which must be written whatever the configuration holds)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=_jsonable)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, default=_readable if lenient else _jsonable)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _jsonable(value):
@@ -30,6 +37,18 @@ def _jsonable(value):
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def _readable(value):
+    try:
+        return _jsonable(value)
+    except Exception:  # noqa: BLE001 - a tensor's item() may fail too: fall back to the containers, then the text
+        pass
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items()}
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        return list(value)
+    return repr(value)
 
 
 def clean_number(value):
