@@ -9,7 +9,9 @@ global model and the client's previous model, both frozen, the client's label co
 both engines supply exactly that (`Seen`). Client-only methods are chosen with
 `client/objective=...` (FedProx, MOON, ...); a method with a server half too (FedDyn,
 SCAFFOLD) brings its objective in its aggregator YAML as its client half, which may also send
-the server a payload per client (e.g. a control-variate delta).
+the server a payload per client (e.g. a control-variate delta). A function the CPU rounds by where an
+element sits (softplus, log1p, sigmoid, a fractional power) goes through `elementwise`, so that a client's
+loss does not depend on the clients stacked beside it.
 """
 
 from __future__ import annotations
