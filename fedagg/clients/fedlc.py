@@ -13,10 +13,14 @@ from typing import Annotated, Literal
 
 import torch
 
-from fedagg.clients.objectives import Objective, Sees, Seen
+from fedagg.clients.objectives import Objective, Sees, Seen, elementwise
 from fedagg.config.constraints import Range, Tune, checked
 
 ABSENT_COUNT = 1e-8  # FL-bench's count of a class the client lacks (src/client/fedlc.py)
+
+
+def _quartic_root(n: torch.Tensor) -> torch.Tensor:  # n^(-1/4), through `elementwise`: the CPU rounds it by place
+    return n.pow(-0.25)
 
 
 class FedLC(Objective):
@@ -34,7 +38,7 @@ class FedLC(Objective):
     def task_logits(self, seen: Seen) -> torch.Tensor:
         counts = seen.label_counts
         if self.absent == "epsilon":
-            shift = self.tau * counts.clamp(min=ABSENT_COUNT).pow(-0.25)
+            shift = self.tau * elementwise(_quartic_root, counts.clamp(min=ABSENT_COUNT))
         else:
-            shift = torch.where(counts > 0, self.tau * counts.clamp(min=1).pow(-0.25), torch.inf)
+            shift = torch.where(counts > 0, self.tau * elementwise(_quartic_root, counts.clamp(min=1)), torch.inf)
         return seen.local.logits - shift

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import torch
 import torch.nn.functional as F
 
-from fedagg.clients.objectives import Objective, Sees, Seen
+from fedagg.clients.objectives import Objective, Sees, Seen, elementwise
 from fedagg.config.constraints import Range, Tune, checked
 
 
@@ -43,7 +43,7 @@ class MOON(Objective):
         positive = F.cosine_similarity(z, seen.global_model.features.flatten(0, -2), dim=-1) / self.temperature
         negative = F.cosine_similarity(z, seen.previous.features.flatten(0, -2), dim=-1) / self.temperature
         # -log(e^p / (e^p + e^n)) = log(1 + e^(n - p))
-        term = self.mu * F.softplus(negative - positive).mean()
+        term = self.mu * elementwise(F.softplus, negative - positive).mean()
         if seen.has_previous is not None:  # a client without a previous model (its stand-in is the global one)
             term = torch.where(seen.has_previous, term, torch.zeros_like(term))
         return term

@@ -9,14 +9,18 @@ global model and the client's previous model, both frozen, the client's label co
 both engines supply exactly that (`Seen`). Client-only methods are chosen with
 `client/objective=...` (FedProx, MOON, ...); a method with a server half too (FedDyn,
 SCAFFOLD) brings its objective in its aggregator YAML as its client half, which may also send
-the server a payload per client (e.g. a control-variate delta).
+the server a payload per client (e.g. a control-variate delta). A function the CPU rounds by where an
+element sits (softplus, log1p, sigmoid, a fractional power) goes through `elementwise`, so that a client's
+loss does not depend on the clients stacked beside it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, NamedTuple
 
+import torch.nn.functional as F
 from torch import Tensor
 
 from fedagg.clients.store import ClientStore
@@ -27,6 +31,25 @@ from fedagg.models.base import Representation
 
 def squared_distance(params: list[Tensor], anchor: list[Tensor]) -> Tensor:
     return sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
+
+
+# Elements of a whole number of the steps torch's vectorised CPU kernels take: two registers of floats, 32 with
+# AVX-512, 128 with SVE's longest.
+LANES = 128
+
+
+def elementwise(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """`fn(x)` for an elementwise `fn` (softplus, log1p, sigmoid, pow with a fractional exponent), its value at an
+    element independent of the elements around it in memory.
+
+    The CPU kernels of such functions compute a tensor's elements in vector registers, but the last few, which
+    fill no register, with scalar code that rounds differently in the last bit. Under the parallel engine a
+    client's elements sit in one tensor with those of the clients beside it in the call, so where that tail falls
+    depends on its neighbours: a stacked run would not equal the run alone. Padded to whole vectors per client,
+    every element is computed by the vector code (the padding is thrown away; its gradient is zero)."""
+    flat = x.reshape(-1)
+    padded = F.pad(flat, (0, -flat.numel() % LANES))
+    return fn(padded)[:flat.numel()].view(x.shape)
 
 
 @dataclass(frozen=True)

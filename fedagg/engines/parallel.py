@@ -13,7 +13,8 @@ reproduces `SequentialEngine` to float tolerance (dropout's masks aside): the re
 tested against. A client's arithmetic does not depend on which clients share its call (its
 dropout masks do: the call draws them together), so the runs of a stacked sweep
 (fedagg.loop.drivers.run_in_step) get what each gets alone, bit for bit where the kernels allow (linear
-layers; convolutions per client on the CPU's large batches). Runs on one
+layers; convolutions per client on the CPU's large batches; an objective's softplus or fractional power through
+fedagg.clients.objectives.elementwise, which keeps the CPU's scalar tail off a client's values). Runs on one
 dataset share its tensors, so a step's batches of all of them come from one gather, and a
 step over several runs' clients takes their rows of the chunk's stacks (views where the
 rows are one range) rather than joining every run's block.
