@@ -6,7 +6,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from test_experiments import compose_table, set_choice
+from test_experiments import compose_table
 
 DATASETS = ("cifar10", "cifar100_fl", "femnist", "shakespeare")
 METHODS = ("fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi")
@@ -41,8 +41,9 @@ PAPER = {"fedadagrad": {"beta1": 0.9, "bias_correction": False, "v_init": None},
 
 
 def cell(method, dataset, *overrides):
-    cfg, _ = compose_table("fedopt_table2", f"method={method}", *overrides)
-    set_choice("dataset", dataset)
+    """One cell composed as a user asks for it: `+experiment=fedopt_table2 method=M dataset=D`."""
+    cfg, hydra_cfg = compose_table("fedopt_table2", f"method={method}", f"dataset={dataset}", *overrides)
+    assert hydra_cfg.runtime.choices.dataset == dataset
     return OmegaConf.to_container(cfg, resolve=True)
 
 
@@ -56,6 +57,7 @@ def test_every_cell_resolves_to_the_facts(method, dataset):
     assert c["aggregator"]["lr"] == pytest.approx(server_lr, rel=1e-12)
     assert (c["rounds"], c["num_clients"], c["client"]["batch_size"]) == (rounds, clients, batch)
     assert (c["clients_per_round"], c["client"]["local_epochs"], c["client"]["momentum"]) == (10, 1, 0.0)
+    assert (c["table"]["metric"], c["table"]["last_rounds"]) == ("last_k_test_acc", 100)  # B: the last 100 rounds
     assert (c["client"]["weight_decay"], c["client"]["weight_decay_on"]) == (decay, "kernels")
     assert c["dataset"].get("crop") == crop and c["dataset"]["_target_"].split(".")[-1] == dataset
     assert {k: c["model"][k] for k in MODELS[dataset]} == MODELS[dataset]
