@@ -3,6 +3,7 @@ written out here by hand, not read from the YAML: every cell's resolved rates, t
 settings, and the two profiles of the server optimizers."""
 
 import pytest
+import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -28,7 +29,7 @@ LOG_TAU = {"cifar10": (-2, -3, -3), "cifar100_fl": (-2, -1, -1), "femnist": (-2,
 DATA = {"cifar10": (4000, 500, 20, 2e-4, 24), "cifar100_fl": (4000, 500, 20, 2e-4, 24),
         "femnist": (1500, None, 20, 0.0, None), "shakespeare": (1200, None, 4, 0.0, None)}
 RESNET = {"_target_": "fedagg.models.resnet_gn.ResNet18GN", "groups": 2, "stem": "imagenet", "input_size": None,
-          "block": "preact"}
+          "block": "preact", "norm_eps": 1e-3}  # C: tfa's GroupNormalization epsilon (tensorflow/addons@0584b2a)
 MODELS = {"cifar10": RESNET, "cifar100_fl": RESNET,
           "femnist": {"_target_": "fedagg.models.tff.CNNEmnistTFF", "dropout_conv": 0.25, "dropout_dense": 0.5},
           "shakespeare": {"_target_": "fedagg.models.leaf.LSTMShakespeare"}}
@@ -87,6 +88,9 @@ def test_the_tables_models_build_for_the_crop():
     model = instantiate(c["model"])(num_classes=10, in_channels=3, image_size=c["dataset"]["crop"])
     # 11,227,812 with 100 classes (tests/test_models_fedopt.py) less 412 * 90 of the dense layer: 11,181,642
     assert model.input_shape == (3, 24, 24) and sum(p.numel() for p in model.parameters()) == 11_181_642
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.GroupNorm)]
+    # the stem, 15 in the blocks (the first starts with its conv), 3 shortcuts, the final one: 20
+    assert len(norms) == 20 and {(m.num_groups, m.eps) for m in norms} == {(2, 1e-3)}
     c = cell("fedadam", "femnist")
     assert sum(p.numel() for p in instantiate(c["model"])(num_classes=62, in_channels=1, image_size=28).parameters()) == 1_206_590
 
