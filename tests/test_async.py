@@ -264,6 +264,26 @@ def test_sequential_and_parallel_engines_give_the_same_asynchronous_run(tmp_path
     assert max(stale) > 0  # the case has stale arrivals
 
 
+def test_flsims_max_staleness_drops_stale_arrivals_and_its_epoch_end_flushes_a_partial_buffer(tmp_path):
+    """FLSim's trainer (facebookresearch/FLSim@7311f2d flsim/trainers/async_trainer.py:164-165): an arrival staler
+    than max_staleness is not used; FedBuffAggregator.on_training_epoch_end (async_aggregators.py:406-419): after
+    each epoch (every client once: N = 10 arrivals) a partly filled buffer makes a server step."""
+    common = [*DIGITS, "rounds=8", "aggregator=fedbuff", "aggregator.buffer_size=3", "server=async",
+              "server.concurrency=4", "clock=lognormal"]
+    run_experiment(common, tmp_path / "all")
+    assert max(int(r["staleness"]) for r in rows(tmp_path / "all" / "weights.csv")) > 0  # the case has stale ones
+    assert [int(r["client_updates"]) for r in rows(tmp_path / "all" / "metrics.csv")] == [3 * r for r in range(1, 9)]
+    run_experiment([*common, "aggregator.max_staleness=0"], tmp_path / "fresh")
+    used, metrics = rows(tmp_path / "fresh" / "weights.csv"), rows(tmp_path / "fresh" / "metrics.csv")
+    assert {r["staleness"] for r in used} == {"0"} and len(used) == 24  # 8 steps of 3 fresh arrivals
+    assert sum(int(r["dropped_stale"]) for r in metrics) > 0  # the stale ones were dropped, not used
+    each = int(rows(tmp_path / "all" / "metrics.csv")[0]["bits_up"]) // 3  # a dropped arrival was uploaded too
+    assert [int(r["bits_up"]) for r in metrics] == [(3 + int(r["dropped_stale"])) * each for r in metrics]
+    # flush: 3 + 3 + 3 arrivals, then the 10th alone ends the epoch; likewise from 11 to 20
+    run_experiment([*common, "aggregator.flush_partial=true"], tmp_path / "flush")
+    assert [int(r["client_updates"]) for r in rows(tmp_path / "flush" / "metrics.csv")] == [3, 6, 9, 10, 13, 16, 19, 20]
+
+
 # -- refusals ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides, message", [
     (["server=async", "clock=lognormal"], "aggregator=fedavg is not allowed with server=async: it aggregates "

@@ -21,11 +21,14 @@ s(τ_i) / Σ_j s(τ_j): the arrivals' shares of the step. With `form: flsim` the
 (create_optimizer_for_async_aggregator, async_aggregators.py:482-509): `avgm` is torch's SGD with momentum
 (fedagg's FedAvgM is that step), `adam` torch's Adam with FLSim's FedAdamFedBuffAggregatorConfig (:561-568):
 bias-corrected, `eps` beside the corrected √v, L2 `weight_decay` added to the gradient; FLSim has no Yogi or
-Adagrad server, so those pairs are refused.
+Adagrad server, so those pairs are refused. FLSim's trainer also drops arrivals staler than `max_staleness`
+(async_trainer.py:164-165; null: none dropped) and, at each of its epochs' ends (every client once: N arrivals),
+steps on a partly filled buffer (`flush_partial`, async_aggregators.py:406-419); both off by default.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 import torch
@@ -35,7 +38,7 @@ from fedagg.aggregators.asynchronous import (AsyncAggregator, BufferSize, NonNeg
                                              staleness_weight)
 from fedagg.aggregators.fedopt import AVGM_MOMENTUM, SERVER_LR, TAU, Beta, FedAdagrad, FedAdam, FedAvgM, FedYogi, Rate
 from fedagg.aggregators.inputs import RoundInputs
-from fedagg.config.constraints import Range, checked
+from fedagg.config.constraints import Flag, Range, checked
 
 OPTIMIZERS = {"avgm": FedAvgM, "adam": FedAdam, "yogi": FedYogi, "adagrad": FedAdagrad}
 FLSIM_OPTIMIZERS = ("sgd", "avgm", "adam")  # FLSim's FedBuff servers: torch SGD (with momentum) and torch Adam
@@ -87,11 +90,17 @@ class FedBuff(AsyncAggregator):
                  form: Literal["paper", "flsim"] = "paper",
                  avg_staleness: Annotated[int, Range(ge=0, integer=True)] = 1,
                  eps: Annotated[float, Range(ge=0, words="it must be >= 0")] = 1e-8,
-                 weight_decay: Annotated[float, Range(ge=0, words="it must be >= 0")] = 1e-5) -> None:
+                 weight_decay: Annotated[float, Range(ge=0, words="it must be >= 0")] = 1e-5,
+                 max_staleness: Annotated[int | None, Range(ge=0, integer=True, words="it must be an integer >= 0, "
+                                                            "or null for no cap")] = None,
+                 flush_partial: Annotated[bool, Flag()] = False) -> None:
         super().__init__("uniform")
         self.buffer_size, self.lr, self.optimizer = int(buffer_size), float(lr), optimizer
         self.staleness, self.a, self.b, self.form, self.avg_staleness = staleness, float(a), float(b), form, avg_staleness
         self.server = None  # sgd: w + lr Δ̄ here; else the FedOpt rule that steps on Δ̄
+        # FLSim's trainer options (the driver applies them, fedagg.loop.asynchronous): off by default, as in the paper
+        self.max_staleness = math.inf if max_staleness is None else int(max_staleness)
+        self.flush_partial = bool(flush_partial)
         if form == "flsim" and optimizer not in FLSIM_OPTIMIZERS:
             raise ValueError(f"aggregator.optimizer={optimizer!r} is not allowed with aggregator.form=flsim; FLSim's "
                              f"FedBuff servers are {', '.join(FLSIM_OPTIMIZERS)} (form=paper has yogi and adagrad)")
