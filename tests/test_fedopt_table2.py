@@ -142,3 +142,24 @@ def test_a_cifar_cell_runs_in_both_engines_with_the_tables_options(tmp_path):
         with open(tmp_path / engine / "metrics.csv") as f:
             losses[engine] = [float(row["train_loss"]) for row in csv.DictReader(f)]
     assert losses["parallel"] == pytest.approx(losses["sequential"], rel=1e-4)
+
+
+def test_the_table_averages_the_last_100_rounds_and_its_header_and_footer_say_so(tmp_path, capsys):
+    """A 4,000-round cell evaluated every 10th round: the last 100 rounds hold 10 evaluations (B: the mean over
+    the last 100 rounds), not ⌈4000/10⌉ = 400 of them (the last 4,000 rounds, the whole run)."""
+    from fedagg.results.table import main as table_main
+    from results_runs import fake_run
+
+    c = cell("fedadam", "cifar10")
+    accs = {r: (0.9 if r > 3900 else 0.1) for r in range(10, 4001, 10)}
+    metrics = [{"round": r, "test_acc": a, "train_loss": 1.0} for r, a in accs.items()]  # eval_every 10
+    fake_run(tmp_path / "sweep" / "0", acc=0.9, rounds_completed=4000, choices={"dataset": "cifar10"}, config=c,
+             metrics=metrics)
+    assert table_main([str(tmp_path / "sweep"), "--measured-only"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ("Metric: last_k_test_acc (the mean test accuracy over the last 100 rounds: k = 10 evaluated rounds of "
+            "runs of 4000 rounds; the table's window, table.last_rounds; --last-k K averages the last K evaluated "
+            "rounds instead).") in lines  # the header
+    assert ("The paper's numbers are last_k_test_acc  (Reddi et al. 2021, Table 2: average test accuracy over the "
+            "last 100 rounds, source A).") in lines  # the footer
+    assert "| FedAdam | 90.0 (77.4, +12.6) |" in lines  # 0.9 over the window; the whole run would give 0.12
