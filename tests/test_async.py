@@ -130,6 +130,51 @@ def test_fedbuff_flsim_form_equals_flsims_aggregator_with_momentum():
         w = out.params
 
 
+def test_fedbuff_flsim_form_with_adam_is_flsims_torch_adam_not_reddis_fedadam():
+    """FLSim's FedAdamFedBuffAggregator (facebookresearch/FLSim@7311f2d flsim/optimizers/async_aggregators.py:495-509:
+    torch.optim.Adam(lr, weight_decay, betas=(beta1, beta2), eps); its config defaults :561-568: lr 0.001, weight_decay
+    1e-5, betas (0.9, 0.999), eps 1e-8) stepping on the WEIGHTED_SUM of before - after (:421-426)."""
+    # by hand, step 1: constant s = 1, sum of Δ = [1, -1]; gradient g = -[1, -1] + 1e-5 w; bias-corrected Adam's first
+    # step is lr g / (|g| + eps): w = [1, 2] -> [1.1, 1.9] (Reddi's FedAdam on the same sum moves 0.099, not 0.1)
+    rule = FedBuff(buffer_size=2, lr=0.1, optimizer="adam", form="flsim", staleness="constant", beta2=0.999)
+    start = torch.tensor([[1.0, 2.0], [1.0, 2.0]], dtype=torch.float64)
+    out = rule.aggregate(RoundInputs.of(torch.tensor([1.0, 2.0], dtype=torch.float64),
+                                        torch.tensor([[1.5, 2.0], [1.5, 1.0]], dtype=torch.float64),
+                                        start_params=start, staleness=torch.tensor([0, 0])))
+    g = [-1 + 1e-5, 1 + 2e-5]
+    assert out.params.tolist() == pytest.approx([1 - 0.1 * g[0] / (abs(g[0]) + 1e-8), 2 - 0.1 * g[1] / (abs(g[1]) + 1e-8)],
+                                                abs=1e-14)
+    assert out.params.tolist() == pytest.approx([1.1, 1.9], abs=1e-8)
+    # three steps against torch.optim.Adam as FLSim builds it, with FLSim's staleness weights, then a resume
+    gen = torch.Generator().manual_seed(3)
+    rule = FedBuff(buffer_size=3, lr=0.01, optimizer="adam", form="flsim", beta1=0.9, beta2=0.999, eps=1e-8,
+                   weight_decay=1e-5, avg_staleness=1)
+    w = torch.randn(4, dtype=torch.float64, generator=gen) * 3
+    param = torch.nn.Parameter(w.clone())
+    adam = torch.optim.Adam([param], lr=0.01, weight_decay=1e-5, betas=(0.9, 0.999), eps=1e-8)
+    for step, staleness in enumerate(([0, 2, 5], [1, 1, 3], [0, 4, 2])):
+        if step == 2:  # a resumed rule continues the same optimizer
+            state, rule = rule.state_dict(), FedBuff(buffer_size=3, lr=0.01, optimizer="adam", form="flsim", beta2=0.999)
+            rule.load_state_dict(state)
+        before = torch.randn(3, 4, dtype=torch.float64, generator=gen)
+        after = before + torch.randn(3, 4, dtype=torch.float64, generator=gen)
+        out = rule.aggregate(RoundInputs.of(w, after, start_params=before, staleness=torch.tensor(staleness)))
+        weights = [(1 + t) ** -0.5 / 2 ** -0.5 for t in staleness]  # polynomial, normalised at avg_staleness 1
+        adam.zero_grad()
+        param.grad = sum(wt * (b - a) for wt, b, a in zip(weights, before, after))  # set_gradient(total_delta)
+        adam.step()
+        assert torch.allclose(out.params, param.detach(), rtol=0, atol=1e-12)
+        w = out.params
+
+
+@pytest.mark.parametrize("optimizer", ["yogi", "adagrad"])
+def test_fedbuff_flsim_form_refuses_a_server_optimizer_flsim_does_not_have(optimizer):
+    with pytest.raises(ValueError) as err:
+        FedBuff(optimizer=optimizer, form="flsim")
+    assert str(err.value) == (f"aggregator.optimizer='{optimizer}' is not allowed with aggregator.form=flsim; FLSim's "
+                              "FedBuff servers are sgd, avgm, adam (form=paper has yogi and adagrad)")
+
+
 def test_fedbuff_steps_a_fedopt_optimizer_on_the_buffered_mean():
     g = torch.Generator().manual_seed(2)
     w, start = torch.randn(6, generator=g), torch.randn(6, generator=g)
@@ -217,6 +262,26 @@ def test_sequential_and_parallel_engines_give_the_same_asynchronous_run(tmp_path
                     assert float(x[k]) == pytest.approx(float(y[k]), rel=1e-5, abs=1e-6), (name, k, x, y)
     stale = [int(r["staleness"]) for r in rows(tmp_path / "seq" / "weights.csv")]
     assert max(stale) > 0  # the case has stale arrivals
+
+
+def test_flsims_max_staleness_drops_stale_arrivals_and_its_epoch_end_flushes_a_partial_buffer(tmp_path):
+    """FLSim's trainer (facebookresearch/FLSim@7311f2d flsim/trainers/async_trainer.py:164-165): an arrival staler
+    than max_staleness is not used; FedBuffAggregator.on_training_epoch_end (async_aggregators.py:406-419): after
+    each epoch (every client once: N = 10 arrivals) a partly filled buffer makes a server step."""
+    common = [*DIGITS, "rounds=8", "aggregator=fedbuff", "aggregator.buffer_size=3", "server=async",
+              "server.concurrency=4", "clock=lognormal"]
+    run_experiment(common, tmp_path / "all")
+    assert max(int(r["staleness"]) for r in rows(tmp_path / "all" / "weights.csv")) > 0  # the case has stale ones
+    assert [int(r["client_updates"]) for r in rows(tmp_path / "all" / "metrics.csv")] == [3 * r for r in range(1, 9)]
+    run_experiment([*common, "aggregator.max_staleness=0"], tmp_path / "fresh")
+    used, metrics = rows(tmp_path / "fresh" / "weights.csv"), rows(tmp_path / "fresh" / "metrics.csv")
+    assert {r["staleness"] for r in used} == {"0"} and len(used) == 24  # 8 steps of 3 fresh arrivals
+    assert sum(int(r["dropped_stale"]) for r in metrics) > 0  # the stale ones were dropped, not used
+    each = int(rows(tmp_path / "all" / "metrics.csv")[0]["bits_up"]) // 3  # a dropped arrival was uploaded too
+    assert [int(r["bits_up"]) for r in metrics] == [(3 + int(r["dropped_stale"])) * each for r in metrics]
+    # flush: 3 + 3 + 3 arrivals, then the 10th alone ends the epoch; likewise from 11 to 20
+    run_experiment([*common, "aggregator.flush_partial=true"], tmp_path / "flush")
+    assert [int(r["client_updates"]) for r in rows(tmp_path / "flush" / "metrics.csv")] == [3, 6, 9, 10, 13, 16, 19, 20]
 
 
 # -- refusals ------------------------------------------------------------------------------------------------------

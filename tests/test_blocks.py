@@ -148,8 +148,8 @@ def test_fedcams_in_blocks_matches_to_rounding_and_keeps_errors_per_id():
 
 # what each rule adds on top of its inputs, in clients' worth of parameters (P floats), with blocks of
 # one client's worth: its outputs and state ([P] vectors) and a few one-client temporaries; the whole
-# round (K = 12) takes that many times K. FedCAMS compresses in the upload channel, which works on the
-# whole round's [K, P] (as every compressing channel does): its aggregation is FedAMS's.
+# round (K = 12) takes that many times K. FedCAMS compresses in the upload channel, in row blocks of its own
+# (tests/test_channel_row_blocks.py): its aggregation is FedAMS's.
 BOUNDS = {"fedavg": (4, 12), "fednova": (4, 12), "fedexp": (4, 12), "ewwa": (13, 60),
           "ewwa_per_client_softmax": (17, 60), "ewwa_elementwise": (13, 60), "median": (6, 36),
           "trimmed_mean": (6, 36)}

@@ -3,10 +3,11 @@ written out here by hand, not read from the YAML: every cell's resolved rates, t
 settings, and the two profiles of the server optimizers."""
 
 import pytest
+import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from test_experiments import compose_table, set_choice
+from test_experiments import compose_table
 
 DATASETS = ("cifar10", "cifar100_fl", "femnist", "shakespeare")
 METHODS = ("fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi")
@@ -28,7 +29,7 @@ LOG_TAU = {"cifar10": (-2, -3, -3), "cifar100_fl": (-2, -1, -1), "femnist": (-2,
 DATA = {"cifar10": (4000, 500, 20, 2e-4, 24), "cifar100_fl": (4000, 500, 20, 2e-4, 24),
         "femnist": (1500, None, 20, 0.0, None), "shakespeare": (1200, None, 4, 0.0, None)}
 RESNET = {"_target_": "fedagg.models.resnet_gn.ResNet18GN", "groups": 2, "stem": "imagenet", "input_size": None,
-          "block": "preact"}
+          "block": "preact", "norm_eps": 1e-3}  # C: tfa's GroupNormalization epsilon (tensorflow/addons@0584b2a)
 MODELS = {"cifar10": RESNET, "cifar100_fl": RESNET,
           "femnist": {"_target_": "fedagg.models.tff.CNNEmnistTFF", "dropout_conv": 0.25, "dropout_dense": 0.5},
           "shakespeare": {"_target_": "fedagg.models.leaf.LSTMShakespeare"}}
@@ -41,8 +42,9 @@ PAPER = {"fedadagrad": {"beta1": 0.9, "bias_correction": False, "v_init": None},
 
 
 def cell(method, dataset, *overrides):
-    cfg, _ = compose_table("fedopt_table2", f"method={method}", *overrides)
-    set_choice("dataset", dataset)
+    """One cell composed as a user asks for it: `+experiment=fedopt_table2 method=M dataset=D`."""
+    cfg, hydra_cfg = compose_table("fedopt_table2", f"method={method}", f"dataset={dataset}", *overrides)
+    assert hydra_cfg.runtime.choices.dataset == dataset
     return OmegaConf.to_container(cfg, resolve=True)
 
 
@@ -56,6 +58,7 @@ def test_every_cell_resolves_to_the_facts(method, dataset):
     assert c["aggregator"]["lr"] == pytest.approx(server_lr, rel=1e-12)
     assert (c["rounds"], c["num_clients"], c["client"]["batch_size"]) == (rounds, clients, batch)
     assert (c["clients_per_round"], c["client"]["local_epochs"], c["client"]["momentum"]) == (10, 1, 0.0)
+    assert (c["table"]["metric"], c["table"]["last_rounds"]) == ("last_k_test_acc", 100)  # B: the last 100 rounds
     assert (c["client"]["weight_decay"], c["client"]["weight_decay_on"]) == (decay, "kernels")
     assert c["dataset"].get("crop") == crop and c["dataset"]["_target_"].split(".")[-1] == dataset
     assert {k: c["model"][k] for k in MODELS[dataset]} == MODELS[dataset]
@@ -85,6 +88,9 @@ def test_the_tables_models_build_for_the_crop():
     model = instantiate(c["model"])(num_classes=10, in_channels=3, image_size=c["dataset"]["crop"])
     # 11,227,812 with 100 classes (tests/test_models_fedopt.py) less 412 * 90 of the dense layer: 11,181,642
     assert model.input_shape == (3, 24, 24) and sum(p.numel() for p in model.parameters()) == 11_181_642
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.GroupNorm)]
+    # the stem, 15 in the blocks (the first starts with its conv), 3 shortcuts, the final one: 20
+    assert len(norms) == 20 and {(m.num_groups, m.eps) for m in norms} == {(2, 1e-3)}
     c = cell("fedadam", "femnist")
     assert sum(p.numel() for p in instantiate(c["model"])(num_classes=62, in_channels=1, image_size=28).parameters()) == 1_206_590
 
@@ -136,3 +142,24 @@ def test_a_cifar_cell_runs_in_both_engines_with_the_tables_options(tmp_path):
         with open(tmp_path / engine / "metrics.csv") as f:
             losses[engine] = [float(row["train_loss"]) for row in csv.DictReader(f)]
     assert losses["parallel"] == pytest.approx(losses["sequential"], rel=1e-4)
+
+
+def test_the_table_averages_the_last_100_rounds_and_its_header_and_footer_say_so(tmp_path, capsys):
+    """A 4,000-round cell evaluated every 10th round: the last 100 rounds hold 10 evaluations (B: the mean over
+    the last 100 rounds), not ⌈4000/10⌉ = 400 of them (the last 4,000 rounds, the whole run)."""
+    from fedagg.results.table import main as table_main
+    from results_runs import fake_run
+
+    c = cell("fedadam", "cifar10")
+    accs = {r: (0.9 if r > 3900 else 0.1) for r in range(10, 4001, 10)}
+    metrics = [{"round": r, "test_acc": a, "train_loss": 1.0} for r, a in accs.items()]  # eval_every 10
+    fake_run(tmp_path / "sweep" / "0", acc=0.9, rounds_completed=4000, choices={"dataset": "cifar10"}, config=c,
+             metrics=metrics)
+    assert table_main([str(tmp_path / "sweep"), "--measured-only"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ("Metric: last_k_test_acc (the mean test accuracy over the last 100 rounds: k = 10 evaluated rounds of "
+            "runs of 4000 rounds; the table's window, table.last_rounds; --last-k K averages the last K evaluated "
+            "rounds instead).") in lines  # the header
+    assert ("The paper's numbers are last_k_test_acc  (Reddi et al. 2021, Table 2: average test accuracy over the "
+            "last 100 rounds, source A).") in lines  # the footer
+    assert "| FedAdam | 90.0 (77.4, +12.6) |" in lines  # 0.9 over the window; the whole run would give 0.12

@@ -24,14 +24,14 @@ COLUMNS = {
                         30, 0.01, 1.0),
     "synthetic_1_1": (SYNTHETIC, {"alpha": 1.0, "beta": 1.0, "iid": False, "num_devices": 30}, MLR, NATURAL, 200, 30,
                       0.01, 1.0),
-    # MNIST: R 100 rounds, P C.2 lr 0.03, mu 1, P Table 1 1,000 devices of 2 digits (fedagg's stand-in split)
-    "mnist": ("fedagg.data.datasets.mnist", {}, MLR,
-              ("fedagg.data.partition.power_law", {"label_dist": "n_class", "classes_per_client": 2}), 100, 1000, 0.03,
-              1.0),
+    # MNIST: R 100 rounds, P C.2 lr 0.03, mu 1; FedProx's devices (R data/mnist/generate_niid.py:20-80): 1,000, 5 images
+    # of each of 2 digits, then lognormal(0, 2) shares, 90/10 per device
+    "mnist": ("fedagg.data.mnist_fedprox.mnist_fedprox", {"num_devices": 1000, "first": 5, "sigma": 2.0,
+                                                          "train_frac": 0.9}, MLR, NATURAL, 100, 1000, 0.03, 1.0),
     # FEMNIST: FedProx's own split, 200 devices of 3 letters (R my_sample.py), R 200 rounds, P C.2 lr 0.003, mu 1
     "femnist": ("fedagg.data.femnist_fedprox.femnist_fedprox", {"num_devices": 200, "classes_per_device": 3}, MLR,
                 NATURAL, 200, 200, 0.003, 1.0),
-    # Shakespeare: R 40 rounds, P C.2 lr 0.8, P 5.3.2 mu 0.001; 143 devices NOT CONFIRMED
+    # Shakespeare: R 40 rounds, P C.2 lr 0.8, P 5.3.2 mu 0.001; 143 devices (R README.md:36)
     "shakespeare": ("fedagg.data.leaf.shakespeare", {}, "fedagg.models.leaf.LSTMShakespeare", NATURAL, 40, 143, 0.8,
                     0.001),
 }

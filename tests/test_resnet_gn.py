@@ -39,3 +39,15 @@ def test_resnet18_gn_trains_alike_in_both_engines():
         for k in range(len(clients)):
             assert _rel(p.params[k], s.params[k]) < 1e-4
         torch.testing.assert_close(p.train_loss, s.train_loss, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("block", ["basic", "preact"])
+def test_norm_eps_reaches_every_group_norm(block):
+    """PyTorch's 1e-5 by default; the FedOpt authors' tfa layer uses 1e-3 (tensorflow/addons@0584b2a)."""
+    for eps in (1e-5, 1e-3):
+        kwargs = {} if eps == 1e-5 else {"norm_eps": eps}
+        model = ResNet18GN(num_classes=10, in_channels=3, image_size=32, block=block, **kwargs)
+        norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+        assert norms and {m.eps for m in norms} == {eps}
+    with pytest.raises(ValueError, match=r"^model.norm_eps=0 is not allowed; it must be a number in \(0, 1\)"):
+        ResNet18GN(num_classes=10, in_channels=3, image_size=32, block=block, norm_eps=0)

@@ -57,6 +57,29 @@ def test_a_table_whose_own_metric_is_last_k_computes_it_without_being_asked(tmp_
     assert "| fedavg | 50.00 ± 14.14 |" in lines
 
 
+def test_a_tables_window_in_rounds_averages_the_evaluations_inside_it_and_header_and_caption_say_so(tmp_path, capsys):
+    """table.last_rounds (fedopt_table2: the paper's last 100 rounds) is a window in rounds, not in evaluations:
+    40 rounds evaluated every 5th with a 10-round window average rounds 35 and 40 only (⌈40/10⌉ = 4 evaluations
+    would take rounds 25..40); --last-k still counts evaluations."""
+    sweep = tmp_path / "sweep"
+    table = {"name": "t", "metric": "last_k_test_acc", "last_rounds": 10, "rows": ["aggregator"], "columns": ["dataset"],
+             "percent": True}
+    accs = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.9]  # rounds 5, 10, ..., 40
+    rows = [{"round": r, "test_acc": accs[r // 5 - 1] if r % 5 == 0 else "", "train_loss": 1.0} for r in range(1, 41)]
+    fake_run(sweep / "0", seed=0, acc=0.9, rounds_completed=40, config={"table": table}, metrics=rows)
+    assert table_main([str(sweep)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ("Metric: last_k_test_acc (the mean test accuracy over the last 10 rounds: k = 2 evaluated rounds of runs "
+            "of 40 rounds; the table's window, table.last_rounds; --last-k K averages the last K evaluated rounds "
+            "instead).") in lines
+    assert "| fedavg | 80.00 |" in lines  # (0.7 + 0.9) / 2
+    assert load_sweep(sweep)["last_k_test_acc"].tolist() == pytest.approx([0.8])
+    assert table_main([str(sweep), "--last-k", "4"]) == 0  # (0.5 + 0.6 + 0.7 + 0.9) / 4
+    assert "| fedavg | 67.50 |" in capsys.readouterr().out.splitlines()
+    assert table_main([str(sweep), "--format", "latex"]) == 0
+    assert "Test accuracy averaged over the last 10 rounds" in capsys.readouterr().out
+
+
 def clients(values: list[float]) -> list[dict]:
     """clients.csv with an earlier evaluation (round 1, all 0.9) that the final metrics must ignore."""
     return ([{"round": 1, "client": c, "test_acc": 0.9} for c in range(len(values))]

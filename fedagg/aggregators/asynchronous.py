@@ -17,6 +17,7 @@ train_cifar10_mxnet_fedasync_singlethread_impl.py:258-280, `power` and `hinge`):
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, ClassVar, Literal
 
 import torch
@@ -43,10 +44,15 @@ def staleness_weight(kind: str, staleness: Tensor, a: float, b: float) -> Tensor
 
 
 class AsyncAggregator(Aggregator):
-    """A rule of `server=async`; `buffer_size` arrivals make one server step."""
+    """A rule of `server=async`; `buffer_size` arrivals make one server step. `max_staleness`: the driver drops an
+    arrival staler than that (FLSim's trainer, flsim/trainers/async_trainer.py:164-165; ∞: every arrival is used).
+    `flush_partial`: after every N arrivals (FLSim's epoch, every client once) a partly filled buffer makes a server
+    step too (FLSim's FedBuffAggregator.on_training_epoch_end, flsim/optimizers/async_aggregators.py:406-419)."""
 
     asynchronous: ClassVar[bool] = True
     buffer_size: int = 1
+    max_staleness: float = math.inf
+    flush_partial: bool = False
 
     def staleness_of(self, inputs) -> Tensor:
         """[K] the arrivals' staleness, which the asynchronous driver always gives."""

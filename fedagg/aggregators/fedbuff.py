@@ -17,11 +17,18 @@ s(τ)/s(avg_staleness) (flsim/utils/async_trainer/async_staleness_weights.py:39-
 torch's SGD steps on that sum (async_aggregators.py:421-426, 482-494):
     w <- w + η Σ_i s(τ_i)/s(avg_staleness) Δ_i,
 which is the paper's step with η_g = η K / s(avg_staleness) (docs/methods.md). Weights in weights.csv are
-s(τ_i) / Σ_j s(τ_j): the arrivals' shares of the step.
+s(τ_i) / Σ_j s(τ_j): the arrivals' shares of the step. With `form: flsim` the server optimizers are FLSim's
+(create_optimizer_for_async_aggregator, async_aggregators.py:482-509): `avgm` is torch's SGD with momentum
+(fedagg's FedAvgM is that step), `adam` torch's Adam with FLSim's FedAdamFedBuffAggregatorConfig (:561-568):
+bias-corrected, `eps` beside the corrected √v, L2 `weight_decay` added to the gradient; FLSim has no Yogi or
+Adagrad server, so those pairs are refused. FLSim's trainer also drops arrivals staler than `max_staleness`
+(async_trainer.py:164-165; null: none dropped) and, at each of its epochs' ends (every client once: N arrivals),
+steps on a partly filled buffer (`flush_partial`, async_aggregators.py:406-419); both off by default.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 import torch
@@ -31,9 +38,45 @@ from fedagg.aggregators.asynchronous import (AsyncAggregator, BufferSize, NonNeg
                                              staleness_weight)
 from fedagg.aggregators.fedopt import AVGM_MOMENTUM, SERVER_LR, TAU, Beta, FedAdagrad, FedAdam, FedAvgM, FedYogi, Rate
 from fedagg.aggregators.inputs import RoundInputs
-from fedagg.config.constraints import Range, checked
+from fedagg.config.constraints import Flag, Range, checked
 
 OPTIMIZERS = {"avgm": FedAvgM, "adam": FedAdam, "yogi": FedYogi, "adagrad": FedAdagrad}
+FLSIM_OPTIMIZERS = ("sgd", "avgm", "adam")  # FLSim's FedBuff servers: torch SGD (with momentum) and torch Adam
+
+
+class FLSimAdam:
+    """FLSim's FedAdam server step: torch.optim.Adam on the gradient FLSim sets, its buffered sum of
+    before − after (fedagg's −update), so w ← w − Adam(−update + weight_decay · w)."""
+
+    def __init__(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
+        self.options = dict(lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+        self.param: torch.nn.Parameter | None = None
+        self.optimizer: torch.optim.Adam | None = None
+        self.pending: dict | None = None  # a resumed optimizer state, loaded once the parameter exists
+
+    def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
+        if self.param is None:
+            self.param = torch.nn.Parameter(inputs.global_params.detach().clone())
+            self.optimizer = torch.optim.Adam([self.param], **self.options)
+            if self.pending is not None:
+                self.optimizer.load_state_dict(self.pending)
+                self.pending = None
+        with torch.no_grad():
+            self.param.copy_(inputs.global_params)
+        self.param.grad = -update  # FLSim's delta: the start minus the trained model
+        self.optimizer.step()
+        return self.param.detach().clone()
+
+    def state_dict(self) -> dict:
+        return self.pending if self.optimizer is None else self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is None:
+            return
+        if self.optimizer is None:
+            self.pending = state
+        else:
+            self.optimizer.load_state_dict(state)
 
 
 class FedBuff(AsyncAggregator):
@@ -45,12 +88,25 @@ class FedBuff(AsyncAggregator):
                  tau: Annotated[float, Range(ge=0, words="it must be >= 0"), TAU] = 1e-3,
                  staleness: StalenessFunction = "polynomial", a: NonNegative = 0.5, b: NonNegative = 4.0,
                  form: Literal["paper", "flsim"] = "paper",
-                 avg_staleness: Annotated[int, Range(ge=0, integer=True)] = 1) -> None:
+                 avg_staleness: Annotated[int, Range(ge=0, integer=True)] = 1,
+                 eps: Annotated[float, Range(ge=0, words="it must be >= 0")] = 1e-8,
+                 weight_decay: Annotated[float, Range(ge=0, words="it must be >= 0")] = 1e-5,
+                 max_staleness: Annotated[int | None, Range(ge=0, integer=True, words="it must be an integer >= 0, "
+                                                            "or null for no cap")] = None,
+                 flush_partial: Annotated[bool, Flag()] = False) -> None:
         super().__init__("uniform")
         self.buffer_size, self.lr, self.optimizer = int(buffer_size), float(lr), optimizer
         self.staleness, self.a, self.b, self.form, self.avg_staleness = staleness, float(a), float(b), form, avg_staleness
         self.server = None  # sgd: w + lr Δ̄ here; else the FedOpt rule that steps on Δ̄
-        if optimizer == "avgm":
+        # FLSim's trainer options (the driver applies them, fedagg.loop.asynchronous): off by default, as in the paper
+        self.max_staleness = math.inf if max_staleness is None else int(max_staleness)
+        self.flush_partial = bool(flush_partial)
+        if form == "flsim" and optimizer not in FLSIM_OPTIMIZERS:
+            raise ValueError(f"aggregator.optimizer={optimizer!r} is not allowed with aggregator.form=flsim; FLSim's "
+                             f"FedBuff servers are {', '.join(FLSIM_OPTIMIZERS)} (form=paper has yogi and adagrad)")
+        if form == "flsim" and optimizer == "adam":
+            self.server = FLSimAdam(float(lr), float(beta1), float(beta2), float(eps), float(weight_decay))
+        elif optimizer == "avgm":
             self.server = FedAvgM(lr=lr, momentum=momentum)
         elif optimizer != "sgd":
             self.server = OPTIMIZERS[optimizer](lr=lr, beta1=beta1, beta2=beta2, tau=tau)

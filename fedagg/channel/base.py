@@ -77,6 +77,12 @@ class Stage:
     # True: its noise is scaled for the uniform mean of the updates (the edge picks aggregator.weighting=uniform
     # when the user did not choose a weighting)
     needs_uniform_mean: ClassVar[bool] = False
+    # True: each row's result depends on that row alone (and its draws come row after row), so the chain runs it
+    # on the engine's chunk of rows at a time and its temporaries stay [chunk, P]; False: the whole round at once
+    rowwise: ClassVar[bool] = False
+
+    def begin(self, up: Upload) -> None:
+        """Called once a round before the client side (which may then come in row blocks): reset what is per round."""
 
     def client(self, rows: Tensor, up: Upload, g: torch.Generator) -> Tensor:
         return rows
@@ -122,6 +128,7 @@ class Compressor(Stage):
     wraps it in `ErrorFeedback` (the YAML option of `channel=topk` and the others)."""
 
     error_feedback: bool = False
+    rowwise = True  # C(u) of one row; a compressor that draws for the whole [K, P] at once says False
 
     def compress(self, u: Tensor, g: torch.Generator) -> Tensor:
         raise NotImplementedError
@@ -138,6 +145,10 @@ class AttackPosition(Stage):
 
     def __init__(self) -> None:
         self.attack: Attack | None = None  # the run's attack, set by `Channel.connect`; None: nobody is corrupted
+
+    def idle(self, up: Upload) -> bool:
+        """Nothing to replace this round: the rows pass as they are (the chain skips it)."""
+        return self.attack is None or not bool(up.corrupted.any())
 
     def client(self, rows: Tensor, up: Upload, g: torch.Generator) -> Tensor:
         if self.attack is None or not bool(up.corrupted.any()):

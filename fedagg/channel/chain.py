@@ -23,7 +23,7 @@ description the run's assembly builds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -35,6 +35,21 @@ from fedagg.channel.feedback import ErrorFeedback
 if TYPE_CHECKING:
     from fedagg.attacks.base import Attack
     from fedagg.clients.store import ClientStore
+
+
+def row_blocks(num_rows: int, block_rows: int | None) -> list[slice]:
+    """Row ranges of at most block_rows rows (all of them for None), as the aggregators' blocks cut them."""
+    step = num_rows if block_rows is None else max(1, block_rows)
+    return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)] or [slice(0, 0)]
+
+
+def _as(on: str, rows: Tensor, form: str, start: Tensor) -> tuple[Tensor, str]:
+    """`rows` in the form a stage works `on` (models, or updates against `start`), and that form."""
+    if on == "models" and form == "updates":
+        return start + rows, "models"
+    if on != "models" and form == "models":
+        return rows - start, "updates"
+    return rows, form
 
 
 class ServerSide:
@@ -148,26 +163,57 @@ class Channel:
         counts = [s.bits_up(num_params) for s in self.stages if s.bits_up(num_params) is not None]
         return counts[-1] if counts else None
 
-    def transmit(self, client_params: Tensor, up: Upload) -> Arrived:
+    def transmit(self, client_params: Tensor, up: Upload, block_rows: int | None = None) -> Arrived:
         """What the aggregator receives [K, P] from the round's clients (`up.ids`; `up.corrupted` marks attackers)
         and the server sides for its mean. The rows become updates (client_params − up.start) before the first
         stage on updates and models again after the last, and models for the attack; a chain of the attack alone
-        leaves the models as they are, bit for bit."""
-        rows, form = client_params, "models"
-        steps = []
-        for stage in self.chain:
-            n = next((i for i, s in enumerate(self.stages) if s is stage), -1)
-            g = stage.stream(up, n)
-            if stage.on == "models" and form == "updates":
-                rows, form = up.start + rows, "models"
-            elif stage.on != "models" and form == "models":
-                rows, form = rows - up.start, "updates"
-            rows = stage.client(rows, up, g)
-            if stage.has_server_side:
-                steps.append((stage, g))
+        leaves the models as they are, bit for bit. Consecutive row-wise stages (`Stage.rowwise`: compressors,
+        error feedback) run on `block_rows` rows at a time (the engine's clients in memory; None: all), so their
+        temporaries are [block_rows, P], as an aggregator's are; with more than one block their results are
+        written over client_params (the round's own tensor, which the aggregator then receives: no second
+        [K, P]). Any other stage gets the whole round."""
+        active = [s for s in self.chain if not (isinstance(s, AttackPosition) and s.idle(up))]  # idle: rows pass
+        gens = {id(s): s.stream(up, next((i for i, t in enumerate(self.stages) if t is s), -1)) for s in active}
+        for stage in active:
+            stage.begin(up)
+        steps = [(s, gens[id(s)]) for s in active if s.has_server_side]
+        rows, form, i = client_params, "models", 0
+        while i < len(active):
+            j = i + 1
+            while active[i].rowwise and j < len(active) and active[j].rowwise:
+                j += 1
+            run, last = active[i:j], j == len(active)
+            if run[0].rowwise:
+                rows, form = self._in_blocks(run, gens, rows, form, up, block_rows, last)
+            else:
+                rows, form = _as(run[0].on, rows, form, up.start)
+                rows = run[0].client(rows, up, gens[id(run[0])])
+            i = j
         if form == "updates":
             rows = up.start + rows
         return Arrived(rows, ServerSide(steps, up))
+
+    @staticmethod
+    def _in_blocks(run: list[Stage], gens: dict, rows: Tensor, form: str, up: Upload, block_rows: int | None,
+                   last: bool) -> tuple[Tensor, str]:
+        """The row-wise stages `run` on `block_rows` rows at a time (each block: its ids, corrupted marks and
+        starts), the results written over `rows`; the chain's last run ends each block as models, so no [K, P]
+        is added for the final conversion. Returns (rows, their form)."""
+        end = "models" if last or run[-1].on == "models" else "updates"
+        blocks = row_blocks(rows.shape[0], block_rows)
+        for rows_in in blocks:
+            start = up.start[rows_in] if up.start.dim() == 2 else up.start
+            part = up if len(blocks) == 1 else replace(up, start=start, ids=up.ids[rows_in],
+                                                       corrupted=up.corrupted[rows_in])
+            x, f = rows[rows_in], form
+            for stage in run:
+                x, f = _as(stage.on, x, f, start)
+                x = stage.client(x, part, gens[id(stage)])
+            x, f = _as(end, x, f, start)
+            if len(blocks) == 1:
+                return x, end  # one block: the rows given stay as they were
+            rows[rows_in] = x
+        return rows, end
 
     def metrics(self) -> dict[str, float]:
         return {k: v for s in self.stages for k, v in s.metrics().items()}

@@ -84,6 +84,8 @@ class QSGD(Compressor):
     """`channel=qsgd` (Alistarh et al. 2017): u_i → ‖u‖₂ sign(u_i) ξ_i, ξ_i the stochastic rounding of
     s|u_i|/‖u‖₂ to a neighbouring multiple of 1/s (unbiased)."""
 
+    rowwise = False  # one torch.rand over the whole [K, P]: in row blocks the draws would differ
+
     @checked("channel.qsgd.")
     def __init__(self, levels: Annotated[int, Range(ge=1, integer=True, words="it must be an integer >= 1")] = 4,
                  error_feedback: EF = False) -> None:

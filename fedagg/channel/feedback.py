@@ -22,7 +22,13 @@ class ErrorFeedback(Stage):
         self.inner, self.measure = inner, measure
         self.memory = ErrorMemory()
         self.privatises, self.needs_uniform_mean = inner.privatises, inner.needs_uniform_mean
+        self.rowwise = inner.rowwise  # e_k is each row's own: row blocks whenever the compressor allows them
         self.held_back: float | None = None
+        self.norms: list[Tensor] = []  # this round's ‖e_k‖, block by block
+
+    def begin(self, up: Upload) -> None:
+        self.inner.begin(up)
+        self.held_back, self.norms = None, []
 
     def client(self, rows: Tensor, up: Upload, g: torch.Generator) -> Tensor:
         u = rows + torch.stack([self.memory.get(i, rows[0]) for i in up.ids])  # u = e_k + Δ_k
@@ -30,8 +36,9 @@ class ErrorFeedback(Stage):
         residual = u - sent
         for i, e in zip(up.ids, residual):
             self.memory.put(i, e)  # e_k ← u − C(u)
-        if self.measure:
-            self.held_back = float(torch.linalg.vector_norm(residual, dim=1).mean())
+        if self.measure:  # the round's rows may come in blocks: the mean over all of them so far
+            self.norms.append(torch.linalg.vector_norm(residual, dim=1))
+            self.held_back = float(torch.cat(self.norms).mean())
         return sent
 
     def server(self, mean: Tensor, up: Upload, g: torch.Generator) -> Tensor:

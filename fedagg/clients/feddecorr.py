@@ -15,6 +15,7 @@ import torch
 
 from fedagg.clients.objectives import Objective, Sees, Seen
 from fedagg.config.constraints import Range, Tune, checked
+from fedagg.models.base import at_least_float32
 
 EPS = 1e-8
 
@@ -32,7 +33,7 @@ class FedDecorr(Objective):
         self.beta, self.scale = float(beta), scale
 
     def forward_term(self, seen: Seen) -> torch.Tensor | None:
-        h = seen.local.features.flatten(0, -2).float()  # a sequence model's positions count as samples
+        h = at_least_float32(seen.local.features.flatten(0, -2))  # a sequence model's positions count as samples
         n, d = h.shape
         if n == 1:
             return None

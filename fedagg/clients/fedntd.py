@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from fedagg.clients.objectives import Objective, Sees, Seen
 from fedagg.config.constraints import Range, Tune, checked
+from fedagg.models.base import at_least_float32
 
 
 def not_true(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -40,8 +41,8 @@ class FedNTD(Objective):
 
     def forward_term(self, seen: Seen) -> torch.Tensor:
         y = seen.y.flatten()
-        local = not_true(seen.local.logits.flatten(0, -2).float(), y)
-        teacher = not_true(seen.global_model.logits.flatten(0, -2).float(), y)
+        local = not_true(at_least_float32(seen.local.logits.flatten(0, -2)), y)
+        teacher = not_true(at_least_float32(seen.global_model.logits.flatten(0, -2)), y)
         log_q = F.log_softmax(local / self.tau, dim=-1)
         p = F.softmax(teacher / self.tau, dim=-1)
         kl = (torch.xlogy(p, p) - p * log_q).sum(-1).mean()  # KLDivLoss(reduction="batchmean")

@@ -20,6 +20,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from fedagg.models.base import at_least_float32
+
 
 @dataclass(frozen=True)
 class Sensitivity:
@@ -37,7 +39,7 @@ class Sensitivity:
         if self.of == "loss":
             return task
         g, n = logits.shape[:2]
-        per = logits.float().pow(2).sum(-1).view(g, n, -1)  # ‖f(x)‖² of every sample (and position)
+        per = at_least_float32(logits).pow(2).sum(-1).view(g, n, -1)  # ‖f(x)‖² of every sample (and position)
         if real is None:
             return per.flatten(1).mean(1)
         keep = torch.arange(n, device=logits.device).view(1, n, 1) < real.view(g, 1, 1)

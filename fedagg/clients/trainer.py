@@ -30,6 +30,7 @@ from fedagg.clients.sensitivity import Sensitivity, StackedSensitivity
 from fedagg.clients.stacked_sgd import StackedSGD
 from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import Items, Range, Tune, checked, typed
+from fedagg.models.base import at_least_float32
 
 Count = Annotated[int, Range(ge=1, integer=True, words="it must be an integer >= 1")]
 Fraction = Annotated[float, Range(ge=0, lt=1, words="it must be in [0, 1), or null")]
@@ -146,14 +147,14 @@ class LocalSGD:
     def loss(self, logits: Tensor, y: Tensor, extra: Tensor | None) -> tuple[Tensor, Tensor]:
         """(what one client's step minimises on its batch, the task loss alone) from `forward_terms`' results."""
         # one prediction per sample ([B, C] against [B]) or per position ([B, T, C] against [B, T]), all averaged
-        task = F.cross_entropy(logits.float().flatten(0, -2), y.flatten())
+        task = F.cross_entropy(at_least_float32(logits).flatten(0, -2), y.flatten())
         return (task if extra is None else task + extra), task.detach()
 
     def stacked_task_losses(self, logits: Tensor, y: Tensor, real: Tensor | None = None) -> Tensor:
         """`loss`'s task term for g clients at once, [g]: logits [g, n, (T,) C] against labels [g, n, (T,)]. With
         `real` [g], only the first real[k] samples of client k's batch count (the rest fill it up to n)."""
         g, n = y.shape[:2]
-        per = F.cross_entropy(logits.float().flatten(0, -2), y.flatten(), reduction="none").view(g, n, -1)
+        per = F.cross_entropy(at_least_float32(logits).flatten(0, -2), y.flatten(), reduction="none").view(g, n, -1)
         if real is None:
             return per.flatten(1).mean(1)
         keep = torch.arange(n, device=y.device).view(1, n, 1) < real.view(g, 1, 1)

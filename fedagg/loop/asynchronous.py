@@ -31,6 +31,7 @@ dispatches owed; the rule's own state is the aggregator's `state_dict`.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -72,6 +73,8 @@ class AsyncServer:
         self.starts: dict[int, tuple[Tensor, Tensor]] = {}  # version -> (params, buffers) a flight started from
         self.draws = [0] * loop.settings.num_clients  # trainings per client so far
         self.sent_since = 0  # dispatches since the last server step: the bits sent down
+        self.arrivals = 0  # every arrival so far, used or dropped: N of them make an epoch (`rule.flush_partial`)
+        self.dropped_since = 0  # arrivals staler than `rule.max_staleness` since the last server step
         # the sampler's draws: a step per dispatch, numbered from 0, from their own stream
         self.draw = replace(loop.draw, stream="dispatch", first=0)
         if loop.resumed_schedule is not None:
@@ -96,12 +99,18 @@ class AsyncServer:
 
     def arrive(self, dispatch: int) -> None:
         flight = self.flights.pop(dispatch)
-        if flight.trained is None:
-            self.train([flight])
-        self.buffer.append(flight)
-        self.owed, self.waiting = self.owed + 1, False
-        if len(self.buffer) == self.rule.buffer_size:
-            self.server_step()
+        self.owed, self.waiting, self.arrivals = self.owed + 1, False, self.arrivals + 1
+        if self.version - flight.version > self.rule.max_staleness:  # FLSim's cap: the update is not used
+            self.dropped_since += 1
+            self.forget()
+        else:
+            if flight.trained is None:
+                self.train([flight])
+            self.buffer.append(flight)
+            if len(self.buffer) == self.rule.buffer_size:
+                self.server_step()
+        if self.rule.flush_partial and self.buffer and self.arrivals % self.loop.settings.num_clients == 0:
+            self.server_step()  # the epoch's end: what is buffered makes a (smaller) server step
 
     def dispatch(self) -> None:
         """Send the owed clients the current model: idle online clients, chosen by the sampler."""
@@ -157,14 +166,17 @@ class AsyncServer:
         starts = torch.stack([self.starts[f.version][0] for f in arrivals])
         self.forget()
         result = stack_rows([f.trained for f in arrivals])
-        bits = loop.bits.count(self.sent_since, len(arrivals))  # down at each dispatch, up at each arrival
-        self.sent_since = 0
+        # down at each dispatch, up at each arrival (a dropped one was uploaded too)
+        bits = loop.bits.count(self.sent_since, len(arrivals) + self.dropped_since)
+        dropped, self.sent_since, self.dropped_since = self.dropped_since, 0, 0
         lr = fed.trainer.lr_at(v + 1, loop.settings.rounds)
         chosen = [fed.clients[i] for i in ids]
         job = RoundJob(fed.model, fed.trainer, fed.data, chosen, loop.params, loop.buffers, lr=lr,
                        seed=loop.settings.seed, round=v + 1)
         timed = Timed(ids, None, self.now - loop.times.sim_time, 0)  # the clock's totals move on to `now`
         columns = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness)}
+        if self.rule.max_staleness != math.inf:
+            columns["dropped_stale"] = dropped  # arrivals since the last step that were too stale to use
         loop.end(RoundPlan(v + 1, ids, None, bits, lr, job, timed, starts, staleness, columns), result)
 
     def forget(self) -> None:
@@ -179,7 +191,8 @@ class AsyncServer:
         return {"now": self.now, "owed": self.owed, "waiting": self.waiting, "dispatches": self.dispatches,
                 "queue": list(self.queue), "flights": [asdict(f) for f in self.flights.values()],
                 "buffer": [asdict(f) for f in self.buffer], "starts": dict(self.starts), "draws": list(self.draws),
-                "sent_since": self.sent_since, "concurrency": self.concurrency}
+                "sent_since": self.sent_since, "concurrency": self.concurrency, "arrivals": self.arrivals,
+                "dropped_since": self.dropped_since}
 
     def load_state_dict(self, state: dict) -> None:
         self.now, self.owed, self.waiting = state["now"], state["owed"], state["waiting"]
@@ -188,6 +201,7 @@ class AsyncServer:
         self.flights = {f["dispatch"]: Flight(**f) for f in state["flights"]}
         self.buffer = [Flight(**f) for f in state["buffer"]]
         self.starts, self.draws, self.sent_since = dict(state["starts"]), list(state["draws"]), state["sent_since"]
+        self.arrivals, self.dropped_since = state.get("arrivals", 0), state.get("dropped_since", 0)  # older: none
 
 
 def row_of(result: RoundResult, k: int) -> dict:

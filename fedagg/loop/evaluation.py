@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedagg.data.device import local_test
+from fedagg.models.base import at_least_float32
 
 
 @torch.no_grad()
@@ -21,7 +22,7 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> tupl
     for x, y in batches:
         logits = model(x)  # [B, C], or [B, T, C] for a sequence scored at every position
         correct = correct.to(y.device) + (logits.argmax(-1) == y).sum()
-        loss_sum = loss_sum.to(y.device) + F.cross_entropy(logits.float().flatten(0, -2), y.flatten(), reduction="sum")
+        loss_sum = loss_sum.to(y.device) + F.cross_entropy(at_least_float32(logits).flatten(0, -2), y.flatten(), reduction="sum")
         count += y.numel()
     if count == 0:
         return 0.0, float("nan")

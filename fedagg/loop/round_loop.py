@@ -236,7 +236,7 @@ class RoundLoop:
         channel, settings = self.fed.channel, self.settings
         up = Upload(self.params if starts is None else starts, tuple(ids), mask, settings.seed, r,
                     settings.num_clients - len(settings.held_out_ids), rate)
-        arrived = channel.transmit(result.params, up)
+        arrived = channel.transmit(result.params, up, self.fed.engine.clients_in_memory)  # stages' row blocks
         result.params = arrived.models
         changed = list(range(len(ids))) if channel.stages else rows  # a compressor changes every model
         if changed:

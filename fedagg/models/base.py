@@ -16,7 +16,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
 from torch import Tensor, nn
+
+
+def at_least_float32(t: Tensor) -> Tensor:
+    """t as float32 when it is of lower precision (bf16/fp16 under autocast), else as it is: losses and terms are
+    taken in float32 at least, and a float64 model's stay float64 (`.float()` would round them to float32)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 class Representation(NamedTuple):

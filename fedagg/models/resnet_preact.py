@@ -9,6 +9,8 @@ As that code builds it (read, not guessed; each point differs from torchvision's
 - the shortcut is a 1x1 conv **followed by a norm** where the channels change (stages 2-4).
 - every stage runs at stride 1: `create_resnet` never passes strides to `_residual_block`, so
   after the stem (24x24 -> 12 -> 6) all four stages work on 6x6 maps.
+- the norms are tfa's GroupNormalization, epsilon 1e-3 (tensorflow/addons@0584b2a); `eps` here, 1e-3 in the
+  FedOpt table, PyTorch's 1e-5 by default (resnet18_gn's `norm_eps`).
 - weights start as Keras's HeNormal (a truncated normal, std sqrt(2 / fan_in)); the dense
   layer's as N(0, 0.01^2); biases 0.
 Keras pads 'same' convolutions and pools asymmetrically on even sizes (the extra row at the
@@ -40,14 +42,14 @@ def _conv(cin: int, cout: int, k: int, stride: int = 1) -> nn.Conv2d:
 class PreActBlock(nn.Module):
     """[norm -> ReLU ->] conv3x3 -> norm -> ReLU -> conv3x3, plus the input (1x1 conv + norm where channels change)."""
 
-    def __init__(self, cin: int, cout: int, groups: int, first: bool):
+    def __init__(self, cin: int, cout: int, groups: int, first: bool, eps: float = 1e-5):
         super().__init__()
-        self.pre = nn.Identity() if first else nn.Sequential(nn.GroupNorm(groups, cin), nn.ReLU())
+        self.pre = nn.Identity() if first else nn.Sequential(nn.GroupNorm(groups, cin, eps), nn.ReLU())
         self.conv1 = _conv(cin, cout, 3)
-        self.mid = nn.Sequential(nn.GroupNorm(groups, cout), nn.ReLU())
+        self.mid = nn.Sequential(nn.GroupNorm(groups, cout, eps), nn.ReLU())
         self.conv2 = _conv(cout, cout, 3)
         self.shortcut = (nn.Identity() if cin == cout
-                         else nn.Sequential(_conv(cin, cout, 1), nn.GroupNorm(groups, cout)))
+                         else nn.Sequential(_conv(cin, cout, 1), nn.GroupNorm(groups, cout, eps)))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.shortcut(x) + self.conv2(self.mid(self.conv1(self.pre(x))))
@@ -56,20 +58,20 @@ class PreActBlock(nn.Module):
 class PreActResNet18(nn.Module):
     """`features(x)` [B, 512] (after the final norm -> ReLU and pooling) and `fc` (the dense layer)."""
 
-    def __init__(self, num_classes: int, in_channels: int, groups: int, stem: str):
+    def __init__(self, num_classes: int, in_channels: int, groups: int, stem: str, eps: float = 1e-5):
         super().__init__()
         if stem == "imagenet":  # 7x7/2 conv + 3x3/2 max-pool (create_resnet's initial_* defaults)
-            self.stem = nn.Sequential(_conv(in_channels, 64, 7, stride=2), nn.GroupNorm(groups, 64), nn.ReLU(),
+            self.stem = nn.Sequential(_conv(in_channels, 64, 7, stride=2), nn.GroupNorm(groups, 64, eps), nn.ReLU(),
                                       nn.MaxPool2d(3, stride=2, padding=1))
         else:  # cifar: 3x3/1 and no pool, as resnet18_gn's own cifar stem
-            self.stem = nn.Sequential(_conv(in_channels, 64, 3), nn.GroupNorm(groups, 64), nn.ReLU())
+            self.stem = nn.Sequential(_conv(in_channels, 64, 3), nn.GroupNorm(groups, 64, eps), nn.ReLU())
         blocks, cin = [], 64
         for stage, cout in enumerate((64, 128, 256, 512)):
             for i in range(2):
-                blocks.append(PreActBlock(cin, cout, groups, first=stage == 0 and i == 0))
+                blocks.append(PreActBlock(cin, cout, groups, first=stage == 0 and i == 0, eps=eps))
                 cin = cout
         self.blocks = nn.Sequential(*blocks)
-        self.post = nn.Sequential(nn.GroupNorm(groups, 512), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.post = nn.Sequential(nn.GroupNorm(groups, 512, eps), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
         self.fc = nn.Linear(512, num_classes)
         nn.init.normal_(self.fc.weight, std=0.01)
         nn.init.zeros_(self.fc.bias)

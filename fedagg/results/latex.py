@@ -147,6 +147,8 @@ def _caption(spec: dict, n_common: int | None, delta: bool) -> str:
     seeds = f"{n_common} seeds" if n_common else "the seeds given per cell (n)"
     unit = "percentage points" if spec.get("percent") else spec["metric"]
     metric = METRIC_WORDS.get(spec["metric"], spec["metric"])
+    if spec["metric"] == "last_k_test_acc" and spec.get("last_rounds"):  # the table's window in rounds
+        metric = f"Test accuracy averaged over the last {spec['last_rounds']} rounds"
     parts = [f"{lead}. {metric}: mean ± sd over {seeds}"]
     if delta and spec.get("baseline_name"):
         parts.append(f"Δ: paired difference to {spec['baseline_name']} over the same seeds, in {unit}, with its 95% "
