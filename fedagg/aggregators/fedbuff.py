@@ -29,7 +29,8 @@ from torch import Tensor
 
 from fedagg.aggregators.asynchronous import (AsyncAggregator, BufferSize, NonNegative, StalenessFunction,
                                              staleness_weight)
-from fedagg.aggregators.fedopt import AVGM_MOMENTUM, SERVER_LR, TAU, Beta, FedAdagrad, FedAdam, FedAvgM, FedYogi, Rate
+from fedagg.aggregators.fedopt import (AVGM_MOMENTUM, SERVER_LR, TAU, Beta, FedAdagrad, FedAdam, FedAvgM, FedYogi, Rate,
+                                      Tau)
 from fedagg.aggregators.inputs import RoundInputs
 from fedagg.config.constraints import Range, checked
 
@@ -42,7 +43,7 @@ class FedBuff(AsyncAggregator):
     def __init__(self, buffer_size: BufferSize = 10, lr: Annotated[Rate, SERVER_LR] = 1.0,
                  optimizer: Literal["sgd", "avgm", "adam", "yogi", "adagrad"] = "sgd",
                  momentum: Annotated[Beta, AVGM_MOMENTUM] = 0.9, beta1: Beta = 0.9, beta2: Beta = 0.99,
-                 tau: Annotated[float, Range(ge=0, words="it must be >= 0"), TAU] = 1e-3,
+                 tau: Annotated[Tau, TAU] = 1e-3,
                  staleness: StalenessFunction = "polynomial", a: NonNegative = 0.5, b: NonNegative = 4.0,
                  form: Literal["paper", "flsim"] = "paper",
                  avg_staleness: Annotated[int, Range(ge=0, integer=True)] = 1) -> None:
