@@ -12,15 +12,17 @@ max-pool at the dataset's own size, for 32x32 images).
 is their 7x7/2 conv + 3x3/2 max-pool at the images' own size (24x24 with `dataset.crop: 24`)."""
 from torch import Tensor, nn
 
-from fedagg.models.resnet_imagenet import ResNet18
+from fedagg.config.constraints import checked
+from fedagg.models.resnet_imagenet import InputSize, ResNet18
 from fedagg.models.resnet_preact import PreActResNet18
 
 BLOCKS = ("basic", "preact")
 
 
 class ResNet18GN(ResNet18):
+    @checked("model.")
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int, groups: int = 2,
-                 stem: str = "cifar", input_size: int | None = None, block: str = "basic"):
+                 stem: str = "cifar", input_size: InputSize | None = None, block: str = "basic"):
         if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or 64 % groups:
             raise ValueError(f"model.groups={groups!r} is not allowed; it must divide 64 (the narrowest layer), e.g. 2")
         if block not in BLOCKS:
