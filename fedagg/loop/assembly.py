@@ -52,6 +52,8 @@ def connect(parts: Parts, settings: Settings) -> None:
     parts.sampler.check(per_step, sampleable, count)
     sampler = "" if parts.sampler.equal_chance else f"sampler={parts.choices.get('sampler', type(parts.sampler).__name__)}"
     parts.server.check(parts, settings)  # the rule, clock, channel and system its schedule can run
+    if not parts.server.asynchronous:  # over-selection is of synchronous rounds (the asynchronous server refuses it)
+        parts.clock.check(per_step, sampleable)
     parts.channel.check(Setup(
         settings.num_clients, settings.per_round, sampleable=sampleable, online_varies=parts.system.takes_clients_offline,
         rule=describe(parts.aggregator, parts.choices.get("aggregator")), sampler=sampler))

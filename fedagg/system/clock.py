@@ -33,6 +33,7 @@ clients instead of K (SPEC). The drivers of asynchronous rounds use `duration` d
 
 from __future__ import annotations
 
+import logging
 import math
 from statistics import NormalDist
 from typing import Annotated, ClassVar
@@ -53,6 +54,7 @@ Rate = Annotated[float, Range(ge=SLOWEST_RATE, also=(0, 0.0), words=f"it must be
 Deadline = Annotated[float, Range(gt=0, finite=True, words="it must be a finite number of seconds > 0, or null "
                                                           "for no deadline")]
 _NORMAL = NormalDist()
+log = logging.getLogger("fedagg")
 
 
 class Clock:
@@ -65,6 +67,10 @@ class Clock:
 
     def connect(self, seed: int, num_clients: int) -> None:
         """Nothing to draw."""
+
+    def check(self, per_round: int, pool: int) -> None:
+        """Note, in one line at the start, a setting that does nothing with `per_round` clients a synchronous round
+        of the `pool` that can train."""
 
     def step_time(self, client_id: int) -> float:
         raise RuntimeError("clock=none has no simulated time; choose a clock (clock=lognormal, ...)")
@@ -123,6 +129,19 @@ class TimedClock(Clock):
         """Each client's per-step time, from its own stream (seed, "clock", k), once."""
         self.seed = int(seed)
         self.times = [self.quantile(_uniform(seed, k)) for k in range(num_clients)]
+
+    def check(self, per_round: int, pool: int) -> None:
+        if not self.over_select or self.selected(per_round) <= pool:
+            return
+        if per_round >= pool:  # legal, but there is nobody more to sample
+            log.warning("clock.over_select=%g does nothing: clients_per_round already sends all %d clients that can "
+                        "train each round, so no extra one can be sampled; over-selection needs clients_per_round "
+                        "below them", self.over_select, pool)
+        else:
+            log.warning("clock.over_select=%g asks for ceil((1 + %g) x %d) = %d clients a round, but only %d can train: "
+                        "a round samples all %d (clock.over_select=%.3g already samples them all)",
+                        self.over_select, self.over_select, per_round, self.selected(per_round), pool, pool,
+                        (pool - per_round) / per_round)
 
     def step_time(self, client_id: int) -> float:
         if self.seed is None:
