@@ -178,7 +178,8 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     objective = parts.client.objective
     model = build_model(parts.model, bundle, settings.seed, device, objective.sees.projection_head)
     check_model_for(objective, model, parts.choices)
-    data = DeviceData(bundle, device, model.input_shape, model=f"model {type(model).__name__}")
+    data = DeviceData(bundle, device, model.input_shape, model=f"model {type(model).__name__}",
+                      takes=model.takes if isinstance(model, Backbone) else None)
     check_fits(model, data)
     if parts.noise > 0:
         data.add_feature_noise([pool[p] for p in split], float(parts.noise), settings.seed)
