@@ -71,3 +71,18 @@ def test_an_own_module_python_cannot_find_is_one_line_naming_it(tmp_path):
         said = done.stdout + done.stderr
         assert done.returncode != 0 and "Traceback" not in said, said
         assert [line for line in said.splitlines() if line.strip()][-1].endswith(last), said
+
+
+def test_generating_synthetic_devices_says_how_far_it_got(caplog, monkeypatch):
+    from fedagg.data import synthetic
+
+    with caplog.at_level(logging.INFO, logger="fedagg"):
+        synthetic.synthetic(num_devices=3)
+    assert [r for r in caplog.records if "devices (" in r.getMessage()] == []  # done within the interval: silent
+    monkeypatch.setattr(synthetic, "SAY_EVERY_S", 0.0)  # every device past the interval: a line each
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fedagg"):
+        synthetic.synthetic(num_devices=3)
+    said = [r.getMessage().rsplit(" (", 1)[0] for r in caplog.records]
+    assert said == [f"dataset synthetic: drew {k} of 3 devices" for k in (1, 2, 3)] + [
+        f"dataset synthetic: split {k} of 3 devices" for k in (1, 2, 3)]
