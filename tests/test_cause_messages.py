@@ -71,6 +71,15 @@ def test_an_own_module_python_cannot_find_is_one_line_naming_it(tmp_path):
         said = done.stdout + done.stderr
         assert done.returncode != 0 and "Traceback" not in said, said
         assert [line for line in said.splitlines() if line.strip()][-1].endswith(last), said
+    # the comparison reads each method's search space from its constructor first: the same line
+    done = subprocess.run([sys.executable, "-m", "fedagg.compare", "methods=[fedavg,my_rule]", "budget=2", "rounds=1",
+                           "dataset=digits", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+                           f"hydra.sweep.dir={tmp_path / 'compare'}"], cwd=ROOT, env=env, capture_output=True, text=True)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "Traceback" not in said, said
+    assert [line for line in said.splitlines() if line.strip()][-1].endswith(
+        "aggregator._target_=my_rules.weighted.Diversity cannot be imported: Python finds no module 'my_rules'; run "
+        "from the folder that holds my_rules/ with PYTHONPATH=. (or add that folder to PYTHONPATH)"), said
 
 
 def test_generating_synthetic_devices_says_how_far_it_got(caplog, monkeypatch):

@@ -141,7 +141,8 @@ def _finite(prefix: str, values: dict, floats: list[str]) -> None:
             raise ValueError(f"{prefix}{key}={value!r} is not allowed; it must be a finite number")
 
 
-def _locate(path: str, key: str = "_target_"):
+def locate(path: str, key: str = "_target_"):
+    """The class or function `path` names; a module Python cannot import is one line naming `key`."""
     module, _, name = path.rpartition(".")
     try:
         found = importlib.import_module(module)
@@ -158,7 +159,7 @@ def _locate(path: str, key: str = "_target_"):
 def check_node(node: DictConfig, prefix: str, shared: dict | None = None) -> None:
     """A group option: its keys are its target's parameters, typed by their annotations; nested options too.
     `shared`: keys (and their types) the run reads from any option of the group."""
-    target = _locate(node["_target_"], f"{prefix}_target_")
+    target = locate(node["_target_"], f"{prefix}_target_")
     function = target.__init__ if inspect.isclass(target) else target
     params = {n: p for n, p in inspect.signature(function).parameters.items() if n != "self"}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
