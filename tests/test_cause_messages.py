@@ -11,6 +11,7 @@ import pytest
 
 from conftest import ROOT, compose_config
 from fedagg import run_experiment
+from fedagg.config.schema import locate
 from fedagg.run import train
 from fedagg.runtime.interrupts import StopRequests
 
@@ -51,26 +52,26 @@ def test_the_divergence_line_names_the_run(tmp_path, caplog):
     assert said == [f"round 1: non-finite loss or parameters in {tmp_path / 'run'}; stopping (status: diverged)"]
 
 
-def test_an_own_module_python_cannot_find_is_one_line_naming_it(tmp_path):
+def test_an_own_module_python_cannot_find_is_one_line_naming_it(tmp_path, monkeypatch):
     conf = tmp_path / "my_conf" / "aggregator"
     conf.mkdir(parents=True)
     (conf / "my_rule.yaml").write_text("_target_: my_rules.weighted.Diversity\npower: 0.5\n")
-    (conf / "needs_pkg.yaml").write_text("_target_: broken_rules.Rule\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # the user forgot PYTHONPATH=. for their my_rules/
+    done = subprocess.run([sys.executable, "-m", "fedagg.run", "dataset=digits", "rounds=1", "device=cpu",
+                           "aggregator=my_rule", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True, text=True)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "Traceback" not in said, said
+    assert [line for line in said.splitlines() if line.strip()][-1].endswith(
+        "aggregator._target_=my_rules.weighted.Diversity cannot be imported: Python finds no module 'my_rules'; run "
+        "from the folder that holds my_rules/ with PYTHONPATH=. (or add that folder to PYTHONPATH)"), said
+    # a module that is found but imports a package that is not installed says that instead
     (tmp_path / "broken_rules.py").write_text("import not_an_installed_package\n")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")  # broken_rules is found, my_rules is not
-    for option, last in (
-        ("my_rule", "aggregator._target_=my_rules.weighted.Diversity cannot be imported: Python finds no module "
-                    "'my_rules'; run from the folder that holds my_rules/ with PYTHONPATH=. (or add that folder to "
-                    "PYTHONPATH)"),
-        ("needs_pkg", "aggregator._target_=broken_rules.Rule cannot be imported: its module imports "
-                      "'not_an_installed_package', which is not installed"),
-    ):
-        done = subprocess.run([sys.executable, "-m", "fedagg.run", "dataset=digits", "rounds=1", "device=cpu",
-                               f"aggregator={option}", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
-                               f"hydra.run.dir={tmp_path / option}"], cwd=ROOT, env=env, capture_output=True, text=True)
-        said = done.stdout + done.stderr
-        assert done.returncode != 0 and "Traceback" not in said, said
-        assert [line for line in said.splitlines() if line.strip()][-1].endswith(last), said
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError) as err:
+        locate("broken_rules.Rule", "aggregator._target_")
+    assert str(err.value) == ("aggregator._target_=broken_rules.Rule cannot be imported: its module imports "
+                              "'not_an_installed_package', which is not installed")
     # the comparison reads each method's search space from its constructor first: the same line
     done = subprocess.run([sys.executable, "-m", "fedagg.compare", "methods=[fedavg,my_rule]", "budget=2", "rounds=1",
                            "dataset=digits", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
