@@ -271,6 +271,14 @@ def test_numerically_safe(name):
     assert (res.weights >= 0).all() and torch.isclose(res.weights.sum(), torch.tensor(1.0))
 
 
+def test_the_largest_tau_and_v_init_allowed_stay_finite_float32():
+    # tau = 1e19 starts v at tau^2 = 1e38 (float32 holds up to 3.4e38); the step m / (sqrt(v) + tau) is then tiny
+    for rule in (FedAdam(tau=1e19), FedYogi(v_init=1e38), FedAdagrad(tau=1e19, v_init=1e38)):
+        out = params(run(rule))
+        assert all(torch.isfinite(p).all() for p in out)
+        assert torch.allclose(out[-1], torch.tensor(W0, dtype=torch.float32), atol=1e-6)  # moved by at most ~1e-19
+
+
 @pytest.mark.parametrize("cls, kwargs, key", [
     (FedAvgM, {"lr": 0.0}, "lr"),
     (FedAvgM, {"momentum": 1.0}, "momentum"),
@@ -280,6 +288,10 @@ def test_numerically_safe(name):
     (FedAdam, {"beta1": 1.0}, "beta1"),
     (FedYogi, {"beta2": 1.5}, "beta2"),
     (FedAdagrad, {"tau": -1e-3}, "tau"),
+    (FedAdam, {"tau": 1e300}, "tau"),  # tau^2 starts v, a float32: tau**2 overflowed (OverflowError)
+    (FedAdam, {"tau": 1.1e19}, "tau"),
+    (FedAdam, {"v_init": 1e300}, "v_init"),  # v is a float32: torch.full_like raised a RuntimeError in round 1
+    (FedAdam, {"v_init": 1e40}, "v_init"),
     (FedAdam, {"bias_correction": "yes"}, "bias_correction"),
     (FedAMS, {"eps": 0.0}, "eps"),
     (FedAMS, {"beta2": -0.5}, "beta2"),

@@ -156,7 +156,7 @@ def test_without_bias_correction_the_correction_key_changes_nothing():
 
 @pytest.mark.parametrize("kwargs, key, words", [
     ({"correction": "keras"}, "correction", "choose one of moments, rate"),
-    ({"v_init": -0.1}, "v_init", "use a number >= 0"),
+    ({"v_init": -0.1}, "v_init", "use a number in [0, 1e+38]"),
 ])
 def test_bad_option_values_are_refused_in_one_line(kwargs, key, words):
     value = next(iter(kwargs.values()))

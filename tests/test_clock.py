@@ -85,17 +85,43 @@ def test_none_has_no_time():
     ("clock.sigma=0", "clock.sigma=0 is not allowed; it must be a finite number > 0"),
     ("clock.median=-1.0", "clock.median=-1.0 is not allowed; it must be a finite number > 0"),
     ("clock.jitter=-0.1", "clock.jitter=-0.1 is not allowed; it must be a finite number >= 0"),
-    ("clock.upload_rate=-5", "clock.upload_rate=-5 is not allowed; it must be a number >= 0 (bits per second"),
+    ("clock.upload_rate=-5", "clock.upload_rate=-5 is not allowed; it must be 0 or null (uploads take no time) or a "
+                             "number of bits per second >= 1e-80"),
+    ("clock.upload_rate=1e-300", "clock.upload_rate=1e-300 is not allowed; it must be 0 or null"),
+    # the slowest client's step must stay a finite time: e^{1000 Φ⁻¹(1 − 1e-12)} and e^{9 · 1000} overflow
+    ("clock.sigma=1000.0", "clock.median=1.0, clock.sigma=1000.0 are not allowed together: the slowest client's local "
+                        "step would last more seconds than a float64 holds, and simulated times stay finite only up "
+                        "to 1e+100 seconds a step; lower clock.median or clock.sigma"),
+    ("clock.jitter=1000.0", "clock.median=1.0, clock.sigma=1.0, clock.jitter=1000.0 are not allowed together: the slowest "
+                         "client's local step would last about 1e+3912 seconds"),
+    ("clock.median=1e+308", "clock.median=1e+308, clock.sigma=1.0 are not allowed together"),
+    ("clock=exponential clock.mean=1e+308", "clock.mean=1e+308 is not allowed: the slowest client's local step"),
+    ("clock=half_normal clock.sigma=1e+308", "clock.min=0.0, clock.sigma=1e+308 are not allowed together"),
+    ("server=async aggregator=fedbuff clock.median=1e+308", "clock.median=1e+308, clock.sigma=1.0 are not allowed"),
     ("clock.deadline=0", "clock.deadline=0 is not allowed; it must be a finite number of seconds > 0, or null"),
     ("clock.over_select=0.5", "clock.over_select=0.5 is not allowed with clock.deadline=null"),
     ("clock.over_select=-0.5", "clock.over_select=-0.5 is not allowed; it must be a finite number >= 0"),
 ])
 def test_bad_settings_are_refused_in_one_line_before_training(tmp_path, override, message):
     with pytest.raises(ValueError) as err:  # SetupError, what the command line prints
-        train(compose_config("rounds=1", "device=cpu", "clock=lognormal", override), tmp_path)
+        train(compose_config("rounds=1", "device=cpu", "dataset=digits", "clock=lognormal", *override.split()), tmp_path)
     assert type(err.value).__name__ == "SetupError"
     assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
     assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_the_slowest_step_is_bounded_where_the_arithmetic_needs_it():
+    # the slowest client draws u = 1 − 1e-12: |N(0, σ)| there is σ Φ⁻¹(1 − 0.5e-12) = 7.1305σ, so σ = 1e99 times
+    # stay below 1e100 seconds a step and σ = 1e100 do not; the jitter's largest factor is e^{9 · jitter}
+    assert HalfNormal(sigma=1e99).quantile(1 - 1e-12) == pytest.approx(1e99 * 7.1305, rel=1e-4)
+    with pytest.raises(ValueError, match=r"^clock.min=0.0, clock.sigma=1e\+100 are not allowed together: .* about 1e\+101 s"):
+        HalfNormal(sigma=1e100)
+    LogNormal(median=1.0, sigma=1.0, jitter=24.0)  # 7.03 + 9 · 24 = 223 < ln 1e100 = 230.3
+    with pytest.raises(ValueError, match=r"clock.jitter=25.0 are not allowed together"):
+        LogNormal(median=1.0, sigma=1.0, jitter=25.0)  # 7.03 + 225 = 232 > 230.3
+    clock = LogNormal(median=1.0, sigma=1.0, jitter=24.0)
+    clock.connect(seed=0, num_clients=2)
+    assert all(math.isfinite(clock.duration(k, 10**9, 0, d)) for k in range(2) for d in range(200))
 
 
 def test_uniform_refuses_min_above_mean():

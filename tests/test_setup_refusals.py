@@ -75,11 +75,11 @@ def test_messages_spell_null_as_the_user_does(tmp_path):
     assert str(err.value).startswith("num_clients=null is only allowed with partition=natural")
 
 
-def test_a_model_that_cannot_take_the_data_is_named_with_the_shape_it_needs(tmp_path):
+def test_a_model_that_cannot_take_the_data_is_named_with_the_inputs_it_needs(tmp_path):
     with pytest.raises(SetupError) as err:
         run_experiment(["rounds=1", "device=cpu", "model=lstm_shakespeare"], tmp_path / "run")
-    # the LSTM is built for sequences as long as the dataset's images are wide: 8
-    assert str(err.value) == ("model LSTMShakespeare needs inputs of shape (8,) but dataset 'digits' has images of "
+    # the LSTM reads token sequences; its shape, (8,), would only echo the images' width
+    assert str(err.value) == ("model LSTMShakespeare takes token sequences, but dataset 'digits' has images of "
                               "shape (1, 8, 8); choose a model built for images")
 
 

@@ -18,6 +18,7 @@ parameters are (the code mixes every array of `net.collect_params()`, running st
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 import torch
@@ -28,6 +29,7 @@ from fedagg.aggregators.inputs import Needs, RoundInputs
 from fedagg.config.constraints import Range, checked
 
 DEFAULT_A = {"constant": 0.0, "polynomial": 0.5, "hinge": 10.0}
+log = logging.getLogger("fedagg")
 
 
 class FedAsync(AsyncAggregator):
@@ -44,6 +46,13 @@ class FedAsync(AsyncAggregator):
         self.alpha, self.staleness = float(alpha), staleness
         self.a = DEFAULT_A[staleness] if a is None else float(a)
         self.b = float(b)
+        self.a_unread = a is not None and staleness == "constant"  # noted at the start
+
+    def check_clients(self, setup) -> None:
+        super().check_clients(setup)
+        if self.a_unread:  # legal, but s(k) = 1 has no parameter
+            log.warning("aggregator.a=%r does nothing with aggregator.staleness=constant: s(k) = 1 reads no a; "
+                        "polynomial and hinge do", self.a)
 
     def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         if inputs.num_clients != 1:

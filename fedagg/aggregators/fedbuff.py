@@ -7,7 +7,10 @@ server steps since it started (Algorithm 1; `staleness: polynomial`, a = 0.5). A
 the server steps on
     Δ̄ = (1/K) Σ_i s(τ_i) Δ_i :   w <- w + η_g Δ̄           (optimizer: sgd; the paper's w − η_g Δ̄ in its sign)
 or hands Δ̄ to a FedOpt server optimizer (`optimizer: avgm | adam | yogi | adagrad`, fedagg.aggregators.fedopt,
-with their own options: `momentum`; `beta1`, `beta2`, `tau`). With K = C clients that are all equally fast, every
+with their own options: `momentum`; `beta1`, `beta2`, `tau`). Each of these options, and `lr`, defaults to null: the
+chosen optimizer's own default (lr 1 for sgd, the paper's η_g, and for avgm; 0.01 for adam, yogi and adagrad, as
+`aggregator=fedadam`: an adaptive step moves every coordinate by about lr, so sgd's lr = 1 would make it diverge).
+One the chosen optimizer does not read is noted at the start. With K = C clients that are all equally fast, every
 τ is 0 and the step is FedAvg's with uniform weights (and the same server optimizer).
 
 `form: flsim` is FLSim's FedBuffAggregator (facebookresearch/FLSim@7311f2d): the reducer sums, without dividing
@@ -24,10 +27,13 @@ bias-corrected, `eps` beside the corrected √v, L2 `weight_decay` added to the 
 Adagrad server, so those pairs are refused. FLSim's trainer also drops arrivals staler than `max_staleness`
 (async_trainer.py:164-165; null: none dropped) and, at each of its epochs' ends (every client once: N arrivals),
 steps on a partly filled buffer (`flush_partial`, async_aggregators.py:406-419); both off by default.
+ With `form: flsim` and `optimizer: adam`, null
+options are torch Adam's own (lr 0.01 as above, betas 0.9 and 0.999).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Annotated, Literal
 
@@ -36,11 +42,19 @@ from torch import Tensor
 
 from fedagg.aggregators.asynchronous import (AsyncAggregator, BufferSize, NonNegative, StalenessFunction,
                                              staleness_weight)
-from fedagg.aggregators.fedopt import AVGM_MOMENTUM, SERVER_LR, TAU, Beta, FedAdagrad, FedAdam, FedAvgM, FedYogi, Rate
-from fedagg.aggregators.inputs import RoundInputs
+from fedagg.aggregators.fedopt import AVGM_MOMENTUM, SERVER_LR, TAU, Beta, FedAdagrad, FedAdam, FedAvgM, FedYogi, Tau
+from fedagg.aggregators.inputs import ClientSetup, RoundInputs
 from fedagg.config.constraints import Flag, Range, checked
 
 OPTIMIZERS = {"avgm": FedAvgM, "adam": FedAdam, "yogi": FedYogi, "adagrad": FedAdagrad}
+# the options each server optimizer reads (FedAdagrad's beta2 only with bias correction, which FedBuff never asks for)
+READS = {"sgd": (), "avgm": ("momentum",), "adam": ("beta1", "beta2", "tau"), "yogi": ("beta1", "beta2", "tau"),
+         "adagrad": ("beta1", "tau")}
+FLSIM_ADAM_READS = ("beta1", "beta2")  # with eps and weight_decay; no tau
+ADAPTIVE_LR = 0.01  # aggregator=fedadam's lr, the adaptive optimizers' own here
+LR_WORDS = "it must be > 0, or null for the optimizer's own (sgd, avgm: 1.0; adam, yogi, adagrad: 0.01)"
+BETA, TAU_RANGE = Beta.__metadata__[0], Tau.__metadata__[0]  # the optimizers' own ranges; null: their defaults
+log = logging.getLogger("fedagg")
 FLSIM_OPTIMIZERS = ("sgd", "avgm", "adam")  # FLSim's FedBuff servers: torch SGD (with momentum) and torch Adam
 
 
@@ -82,10 +96,12 @@ class FLSimAdam:
 class FedBuff(AsyncAggregator):
 
     @checked("aggregator.")
-    def __init__(self, buffer_size: BufferSize = 10, lr: Annotated[Rate, SERVER_LR] = 1.0,
+    def __init__(self, buffer_size: BufferSize = 10,
+                 lr: Annotated[float | None, Range(gt=0, words=LR_WORDS), SERVER_LR] = None,
                  optimizer: Literal["sgd", "avgm", "adam", "yogi", "adagrad"] = "sgd",
-                 momentum: Annotated[Beta, AVGM_MOMENTUM] = 0.9, beta1: Beta = 0.9, beta2: Beta = 0.99,
-                 tau: Annotated[float, Range(ge=0, words="it must be >= 0"), TAU] = 1e-3,
+                 momentum: Annotated[float | None, BETA, AVGM_MOMENTUM] = None,
+                 beta1: Annotated[float | None, BETA] = None, beta2: Annotated[float | None, BETA] = None,
+                 tau: Annotated[float | None, TAU_RANGE, TAU] = None,
                  staleness: StalenessFunction = "polynomial", a: NonNegative = 0.5, b: NonNegative = 4.0,
                  form: Literal["paper", "flsim"] = "paper",
                  avg_staleness: Annotated[int, Range(ge=0, integer=True)] = 1,
@@ -95,21 +111,36 @@ class FedBuff(AsyncAggregator):
                                                             "or null for no cap")] = None,
                  flush_partial: Annotated[bool, Flag()] = False) -> None:
         super().__init__("uniform")
-        self.buffer_size, self.lr, self.optimizer = int(buffer_size), float(lr), optimizer
+        self.buffer_size, self.optimizer = int(buffer_size), optimizer
+        self.lr = 1.0 if lr is None else float(lr)  # sgd's η_g (the optimizers below take theirs)
         self.staleness, self.a, self.b, self.form, self.avg_staleness = staleness, float(a), float(b), form, avg_staleness
-        self.server = None  # sgd: w + lr Δ̄ here; else the FedOpt rule that steps on Δ̄
         # FLSim's trainer options (the driver applies them, fedagg.loop.asynchronous): off by default, as in the paper
         self.max_staleness = math.inf if max_staleness is None else int(max_staleness)
         self.flush_partial = bool(flush_partial)
         if form == "flsim" and optimizer not in FLSIM_OPTIMIZERS:
             raise ValueError(f"aggregator.optimizer={optimizer!r} is not allowed with aggregator.form=flsim; FLSim's "
                              f"FedBuff servers are {', '.join(FLSIM_OPTIMIZERS)} (form=paper has yogi and adagrad)")
-        if form == "flsim" and optimizer == "adam":
-            self.server = FLSimAdam(float(lr), float(beta1), float(beta2), float(eps), float(weight_decay))
-        elif optimizer == "avgm":
-            self.server = FedAvgM(lr=lr, momentum=momentum)
+        flsim_adam = form == "flsim" and optimizer == "adam"
+        reads = FLSIM_ADAM_READS if flsim_adam else READS[optimizer]
+        given = {"momentum": momentum, "beta1": beta1, "beta2": beta2, "tau": tau}
+        # set, but not read by this optimizer: noted at the start
+        self.unread = {k: v for k, v in given.items() if v is not None and k not in reads}
+        self.server = None  # sgd: w + lr Δ̄ here; else the FedOpt rule that steps on Δ̄
+        if flsim_adam:  # torch Adam's own defaults where null
+            self.server = FLSimAdam(ADAPTIVE_LR if lr is None else float(lr), 0.9 if beta1 is None else float(beta1),
+                                    0.999 if beta2 is None else float(beta2), float(eps), float(weight_decay))
         elif optimizer != "sgd":
-            self.server = OPTIMIZERS[optimizer](lr=lr, beta1=beta1, beta2=beta2, tau=tau)
+            options = {k: v for k, v in {"lr": lr, **given}.items() if v is not None and (k == "lr" or k in READS[optimizer])}
+            self.server = OPTIMIZERS[optimizer](**options)
+
+    def check_clients(self, setup: ClientSetup) -> None:
+        super().check_clients(setup)
+        if self.unread:  # legal, but the chosen optimizer never reads them
+            readers = {k: [o for o, keys in READS.items() if k in keys] for k in self.unread}
+            log.warning("%s %s nothing with aggregator.optimizer=%s (%s)",
+                        " and ".join(f"aggregator.{k}={v!r}" for k, v in self.unread.items()),
+                        "does" if len(self.unread) == 1 else "do", self.optimizer,
+                        "; ".join(f"{k} is read by optimizer={', '.join(r)}" for k, r in readers.items()))
 
     def weights_of(self, inputs: RoundInputs) -> Tensor:
         """[K] float64 s(τ_i) of the buffered arrivals."""

@@ -25,13 +25,14 @@ option here so the paper's form stays the default:
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
 
 from fedagg.aggregators.base import Aggregator, Weighting
-from fedagg.aggregators.inputs import RoundInputs
+from fedagg.aggregators.inputs import ClientSetup, RoundInputs
 from fedagg.config.constraints import Flag, Range, Tune, checked
 
 Rate = Annotated[float, Range(gt=0, words="it must be > 0")]
@@ -41,6 +42,14 @@ SERVER_LR = Tune(1e-3, 10.0, log=True, source="Reddi et al. 2021 (App. D): serve
 TAU = Tune(1e-5, 1e-1, log=True, source="Reddi et al. 2021 (App. D): tau grid 10^-5 .. 10^-1")
 AVGM_LR = Tune(0.1, 3.0, log=True, source="no grid in Hsu et al. 2019 (they tune the effective rate lr/(1-momentum)): a decade below 1 to 3")
 AVGM_MOMENTUM = Tune(0.7, 0.99, source="Hsu et al. 2019: momentum grid 0.7, 0.9, 0.97, 0.99")
+log = logging.getLogger("fedagg")
+# m and v live in the model's float32 (largest 3.4e38): v must start there, and so must tau^2, v's default start
+V_MAX = 1e38
+Tau = Annotated[float, Range(ge=0, le=V_MAX**0.5, words=f"it must be a number in [0, {V_MAX**0.5:g}] (tau^2 starts v, "
+                                                     "a float32 like the model)")]
+VInit = Annotated[float | None, Range(ge=0, le=V_MAX, words=f"use a number in [0, {V_MAX:g}] (v is a float32, like the "
+                                                            "model), or null for the form's own start (tau^2; 0 with "
+                                                            "bias_correction)")]
 
 
 def _clone(t: Tensor | None) -> Tensor | None:
@@ -83,11 +92,10 @@ class FedOpt(Aggregator):
         lr: Annotated[Rate, SERVER_LR] = 1e-2,
         beta1: Beta = 0.9,
         beta2: Beta = 0.99,
-        tau: Annotated[float, Range(ge=0, words="it must be >= 0"), TAU] = 1e-3,
+        tau: Annotated[Tau, TAU] = 1e-3,
         bias_correction: Annotated[bool, Flag()] = False,
         correction: Literal["moments", "rate"] = "moments",
-        v_init: Annotated[float | None, Range(ge=0, words="use a number >= 0, or null for the form's own "
-                                               "start (tau^2; 0 with bias_correction)")] = None,
+        v_init: VInit = None,
     ) -> None:
         super().__init__(weighting)
         self.lr, self.beta1, self.beta2, self.tau = float(lr), float(beta1), float(beta2), float(tau)
@@ -96,6 +104,13 @@ class FedOpt(Aggregator):
         self.m: Tensor | None = None  # [P] first moment
         self.v: Tensor | None = None  # [P] second moment
         self.steps = 0  # server steps taken: r of the bias correction
+
+    def check_clients(self, setup: ClientSetup) -> None:
+        super().check_clients(setup)
+        if self.correction == "rate" and not self.bias_correction:  # legal, but both forms then take one step
+            log.warning("aggregator.correction=rate does nothing with aggregator.bias_correction=false: the two "
+                        "corrections differ only in where they correct the bias; set aggregator.bias_correction=true "
+                        "for the FedOpt authors' Keras form")
 
     def second_moment(self, v: Tensor, g2: Tensor) -> Tensor:
         """v after one squared pseudo-gradient g2 = g^2 (Alg. 2 lines 12-14)."""

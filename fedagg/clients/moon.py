@@ -6,11 +6,13 @@ round's global model's and z_p the client's previous local model's (both frozen)
 ℓ_con = −log( e^{cos(z, z_g)/τ} / (e^{cos(z, z_g)/τ} + e^{cos(z, z_p)/τ}) ). A client with no previous model
 (never trained before) has no contrastive term, as in the authors' first round. `projection: head` (the
 paper and QinbinLi/MOON's ModelFedCon) takes z after a projection head h -> d -> ReLU -> `projection_dim`
-that the run puts under the classifier; `projection: none` (FL-bench, PFLlib) takes h itself.
+that the run puts under the classifier; `projection: none` (FL-bench, PFLlib) takes h itself, and a
+`projection_dim` set with it is noted at the start (null: 256 under a head, the authors' code's out_dim).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Literal
 
 import torch
@@ -18,6 +20,9 @@ import torch.nn.functional as F
 
 from fedagg.clients.objectives import Objective, Sees, Seen, elementwise
 from fedagg.config.constraints import Range, Tune, checked
+
+PROJECTION_DIM = 256  # the authors' code's out_dim (QinbinLi/MOON)
+log = logging.getLogger("fedagg")
 
 
 class MOON(Objective):
@@ -29,12 +34,21 @@ class MOON(Objective):
                  temperature: Annotated[float, Range(gt=0, finite=True),
                                         Tune(0.1, 1.0, log=True, source="Li et al. 2021: tau grid 0.1, 0.5, 1")] = 0.5,
                  projection: Literal["head", "none"] = "head",
-                 projection_dim: Annotated[int, Range(ge=1, integer=True, words="it must be an integer >= 1")] = 256,
+                 projection_dim: Annotated[int | None, Range(ge=1, integer=True, words="it must be an integer >= 1, or "
+                                                             "null (256 under a head)")] = None,
                  ) -> None:
         self.mu, self.temperature = float(mu), float(temperature)
-        self.projection, self.projection_dim = projection, int(projection_dim)
+        self.projection = projection
+        self.projection_dim = PROJECTION_DIM if projection_dim is None else int(projection_dim)
+        self.dim_unread = projection_dim is not None and projection == "none"  # noted by `setup`, at the start
         self.sees = Sees(representation=True, global_model=True, previous_model=True,
                          projection_head=self.projection_dim if projection == "head" else 0)
+
+    def setup(self, model) -> None:
+        if self.dim_unread:  # legal, but there is no head to size
+            log.warning("client.objective.projection_dim=%d does nothing with client.objective.projection=none: the "
+                        "representation is the backbone's own; projection=head puts a head of that width under the "
+                        "classifier", self.projection_dim)
 
     def forward_term(self, seen: Seen) -> torch.Tensor | None:
         if seen.previous is None:  # no client of this call has trained before

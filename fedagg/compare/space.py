@@ -9,12 +9,12 @@ searches it over the same range.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from dataclasses import dataclass
 
 from fedagg.config.constraints import Tune, constraints, tunables
+from fedagg.config.schema import locate
 
 METHOD_GROUPS = ("aggregator", "client")  # the config subtrees whose declared ranges a method's space holds
 
@@ -27,16 +27,15 @@ class Param:
     fixed: bool = False  # set on the command line: not searched, every run of the method takes `default`
 
 
-def _target(path: str):
-    module, _, name = path.rpartition(".")
-    target = getattr(importlib.import_module(module), name)
+def _target(path: str, key: str):
+    target = locate(path, key)  # an own module Python cannot find: one line, as a run says it
     return target.__init__ if inspect.isclass(target) else target
 
 
 def _walk(node: dict, prefix: str, interpolated: set[str]):
     target = node.get("_target_")
     if target:
-        fn = _target(target)
+        fn = _target(target, f"{prefix}_target_")
         declared, limits = tunables(fn), constraints(fn)
         for name, tune in declared.items():
             key = f"{prefix}{name}"

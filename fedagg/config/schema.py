@@ -141,15 +141,25 @@ def _finite(prefix: str, values: dict, floats: list[str]) -> None:
             raise ValueError(f"{prefix}{key}={value!r} is not allowed; it must be a finite number")
 
 
-def _locate(path: str):
+def locate(path: str, key: str = "_target_"):
+    """The class or function `path` names; a module Python cannot import is one line naming `key`."""
     module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    try:
+        found = importlib.import_module(module)
+    except ModuleNotFoundError as err:  # the user's own module, not on the path: one line, not Python's traceback
+        if err.name is not None and (module == err.name or module.startswith(f"{err.name}.")):
+            raise ValueError(f"{key}={path} cannot be imported: Python finds no module {err.name!r}; run from the "
+                             f"folder that holds {err.name.split('.')[0]}/ with PYTHONPATH=. (or add that folder to "
+                             "PYTHONPATH)") from None
+        raise ValueError(f"{key}={path} cannot be imported: its module imports {err.name!r}, which is not "
+                         "installed") from None
+    return getattr(found, name)
 
 
 def check_node(node: DictConfig, prefix: str, shared: dict | None = None) -> None:
     """A group option: its keys are its target's parameters, typed by their annotations; nested options too.
     `shared`: keys (and their types) the run reads from any option of the group."""
-    target = _locate(node["_target_"])
+    target = locate(node["_target_"], f"{prefix}_target_")
     function = target.__init__ if inspect.isclass(target) else target
     params = {n: p for n, p in inspect.signature(function).parameters.items() if n != "self"}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):

@@ -65,14 +65,23 @@ def labels_key(data) -> tuple:
     return ("targets", id(source))
 
 
+KIND_WORDS = {"tokens": "token sequences", "vectors": "feature vectors"}  # INPUT_KINDS as a message says them
+
+
 class DeviceData:
-    def __init__(self, bundle, device: torch.device, input_shape: tuple[int, ...], model: str = "the model") -> None:
-        """`input_shape`: what the model takes (one sample); `model`: how a refusal names it ("model LSTMShakespeare")."""
+    def __init__(self, bundle, device: torch.device, input_shape: tuple[int, ...], model: str = "the model",
+                 takes: str | None = None) -> None:
+        """`input_shape`: what the model takes (one sample); `model`: how a refusal names it ("model LSTMShakespeare");
+        `takes`: the kind of inputs the model is built for (a key of INPUT_KINDS), when only one kind fits it."""
         self.name = bundle.name
         self.num_classes = bundle.num_classes
         self.augment = bool(bundle.augment)
         self.crop = getattr(bundle, "crop", None)  # side of the square crop (train: random, test: central), or None
         self.inputs = getattr(bundle, "inputs", "images")  # DatasetBundle's INPUT_KINDS; plain namespaces are images
+        if takes is not None and takes != self.inputs:  # its shape alone would say little ((80,) is a sequence length)
+            raise ValueError(f"{model} takes {KIND_WORDS.get(takes, takes)}, but dataset {self.name!r} has "
+                             f"{KIND_WORDS.get(self.inputs, self.inputs)} of shape {tuple(bundle.train_x.shape[1:])}; "
+                             f"choose a model built for {self.inputs}")
         self.device = device
         self.train_x, self.train_y = shared(bundle.train_x.to(device)), shared(bundle.train_y.to(device))
         self.test_x, self.test_y = shared(bundle.test_x.to(device)), shared(bundle.test_y.to(device))

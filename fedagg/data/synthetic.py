@@ -13,6 +13,8 @@ its own 90/10 train/test split of its shuffled samples.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +25,22 @@ from fedagg.config.constraints import typed
 from fedagg.seeding import stream_seed
 
 DIM, CLASSES = 60, 10
+SAY_EVERY_S = 10.0  # 100,000 devices take a minute or more to draw and split: a line at most this often meanwhile
+log = logging.getLogger("fedagg")
+
+
+class _Progress:
+    """Logs "<what> k of N devices" at most every `every` seconds (none for a run that is done sooner)."""
+
+    def __init__(self, what: str, total: int, every: float) -> None:
+        self.what, self.total, self.every = what, total, every
+        self.started = self.last = time.perf_counter()
+
+    def __call__(self, done: int) -> None:
+        now = time.perf_counter()
+        if now - self.last >= self.every:
+            self.last = now
+            log.info("dataset synthetic: %s %d of %d devices (%.0f s)", self.what, done, self.total, now - self.started)
 
 
 @dataclass
@@ -55,10 +73,12 @@ def generate(num_devices: int, alpha: float, beta: float, iid: bool, seed: int, 
         W[:], b[:] = rng.normal(0.0, 1.0, (CLASSES, DIM)), rng.normal(0.0, 1.0, CLASSES)
     scale = np.sqrt(covariance_diagonal())
     xs, ys = [], []
+    progress = _Progress("drew", num_devices, SAY_EVERY_S)
     for k, n in enumerate(sizes.tolist()):
         x = v[k] + scale * rng.standard_normal((n, DIM))
         xs.append(x)
         ys.append(np.argmax(x @ W[k].T + b[k], axis=1))
+        progress(k + 1)
     return Devices(u, B, W, b, v, xs, ys)
 
 
@@ -90,6 +110,7 @@ def synthetic(root: str | None = None, *, alpha: float = 1.0, beta: float = 1.0,
                        float(size_sigma), int(min_size))
     rng = np.random.default_rng(stream_seed(seed, "synthetic_split"))
     parts = {"train": ([], [], []), "test": ([], [], [])}
+    progress = _Progress("split", num_devices, SAY_EVERY_S)
     for k, (x, y) in enumerate(zip(devices.x, devices.y)):
         order = rng.permutation(len(y))
         cut = min(max(int(train_frac * len(y)), 1), len(y) - 1)  # at least one sample on each side
@@ -98,6 +119,7 @@ def synthetic(root: str | None = None, *, alpha: float = 1.0, beta: float = 1.0,
             xs.append(x[rows])
             ys.append(y[rows])
             owner.append(np.full(len(rows), k))
+        progress(k + 1)
     t = {split: [torch.from_numpy(np.concatenate(a)) for a in arrays] for split, arrays in parts.items()}
     as_x = lambda a: a.float().view(-1, DIM, 1, 1).contiguous()  # noqa: E731
     return DatasetBundle("synthetic", as_x(t["train"][0]), t["train"][1].long(), as_x(t["test"][0]),

@@ -54,6 +54,8 @@ def connect(parts: Parts, settings: Settings) -> None:
     parts.sampler.check(per_step, sampleable, count)
     sampler = "" if parts.sampler.equal_chance else f"sampler={parts.choices.get('sampler', type(parts.sampler).__name__)}"
     parts.server.check(parts, settings)  # the rule, clock, channel and system its schedule can run
+    if not parts.server.asynchronous:  # over-selection is of synchronous rounds (the asynchronous server refuses it)
+        parts.clock.check(per_step, sampleable)
     parts.channel.check(Setup(
         settings.num_clients, settings.per_round, sampleable=sampleable, online_varies=parts.system.takes_clients_offline,
         rule=describe(parts.aggregator, parts.choices.get("aggregator")), sampler=sampler))
@@ -178,7 +180,8 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     objective = parts.client.objective
     model = build_model(parts.model, bundle, settings.seed, device, objective.sees.projection_head)
     check_model_for(objective, model, parts.choices)
-    data = DeviceData(bundle, device, model.input_shape, model=f"model {type(model).__name__}")
+    data = DeviceData(bundle, device, model.input_shape, model=f"model {type(model).__name__}",
+                      takes=model.takes if isinstance(model, Backbone) else None)
     check_fits(model, data)
     if parts.noise > 0:
         data.add_feature_noise([pool[p] for p in split], float(parts.noise), settings.seed)

@@ -326,7 +326,8 @@ class RoundLoop:
         self.fed.tracker.log_round(r, {k: v for k, v in row.items() if v is not None})
         if diverged:
             self.summary.update(status="diverged", diverged_round=r)
-            log.warning("round %d: non-finite loss or parameters; stopping (status: diverged)", r)
+            # the run's folder: in a stacked group, many runs share this log
+            log.warning("round %d: non-finite loss or parameters in %s; stopping (status: diverged)", r, self.run_dir)
             self.ended = True
         elif settings.stop_at_target and self.summary["rounds_to_target"] is not None:
             self.summary["stopped_at_target"] = r  # the table needs no more rounds

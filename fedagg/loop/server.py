@@ -73,9 +73,11 @@ class Asynchronous:
                              "server keeps server.concurrency clients in flight; leave clients_per_round null")
         sampleable = settings.num_clients - len(settings.held_out_ids)
         if self.concurrency > sampleable:
-            raise ValueError(f"server.concurrency={self.concurrency} is not allowed with num_clients="
-                             f"{settings.num_clients}: at most the {sampleable} clients that can train may be in "
-                             "flight at once")
+            held = len(settings.held_out_ids)  # the limit may come from the held-out clients: name them then
+            limit = (f"num_clients={settings.num_clients} less the {held} eval.held_out_clients={settings.held_out} "
+                     "holds out" if held else f"num_clients={settings.num_clients}")
+            raise ValueError(f"server.concurrency={self.concurrency} is not allowed with {limit}: at most the "
+                             f"{sampleable} clients that can train may be in flight at once")
         if parts.channel.stages:
             raise ValueError(f"channel={parts.channel.shown} is not allowed with server=async: the upload channel "
                              "acts on synchronous rounds' updates; use channel=none")

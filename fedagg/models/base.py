@@ -39,6 +39,7 @@ class Backbone(nn.Module):
     path) and implements `encode` (everything before it) and `classify` (it)."""
 
     classifier_name: str = ""
+    takes: str | None = None  # the one kind of dataset inputs it is built for (fedagg.data.datasets.INPUT_KINDS), if one
 
     def __init__(self) -> None:
         super().__init__()

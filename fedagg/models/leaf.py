@@ -58,6 +58,7 @@ class LSTMShakespeare(Backbone):
     representation is the last LSTM layer's output at every position, [B, T, hidden]."""
 
     classifier_name = "out"
+    takes = "tokens"
 
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int, embedding: int = 8,
                  hidden: int = 256, layers: int = 2):

@@ -14,15 +14,18 @@ is their 7x7/2 conv + 3x3/2 max-pool at the images' own size (24x24 with `datase
 GroupNormalization, tensorflow/addons@0584b2a) uses 1e-3, which the FedOpt table sets."""
 from torch import Tensor, nn
 
-from fedagg.models.resnet_imagenet import ResNet18
+from fedagg.config.constraints import checked
+from fedagg.models.resnet_imagenet import InputSize, ResNet18
 from fedagg.models.resnet_preact import PreActResNet18
 
 BLOCKS = ("basic", "preact")
 
 
 class ResNet18GN(ResNet18):
+    @checked("model.")
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int, groups: int = 2,
-                 stem: str = "cifar", input_size: int | None = None, block: str = "basic", norm_eps: float = 1e-5):
+                 stem: str = "cifar", input_size: InputSize | None = None, block: str = "basic",
+                 norm_eps: float = 1e-5):
         if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or 64 % groups:
             raise ValueError(f"model.groups={groups!r} is not allowed; it must divide 64 (the narrowest layer), e.g. 2")
         if block not in BLOCKS:

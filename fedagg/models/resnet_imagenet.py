@@ -7,19 +7,28 @@ default); the data pipeline upsamples and repeats grey channels to reach that sh
 stem="cifar": a 3x3/1 conv and no max-pool at the dataset's own size and channels, the usual
 adaptation that keeps 32x32 images from shrinking to 1x1 before the last stage; input_size is
 then ignored, so `model.stem=cifar` alone is enough on the command line."""
+from typing import Annotated
+
 import torch
 import torchvision
 from torch import Tensor, nn
 
+from fedagg.config.constraints import Range, checked
 from fedagg.models.base import Backbone
+
+# pixels a side of the stock stem's input (any size from 1 passes its adaptive pooling); refused before anything is
+# built, also with stem: cifar, which ignores it: a size below 1 is a mistake wherever it is typed
+InputSize = Annotated[int, Range(ge=1, integer=True, words="it must be an integer >= 1 (pixels a side), or null for "
+                                                           "the images' own size")]
 
 
 class _TorchvisionResNet(Backbone):
     builder = None  # torchvision constructor, set by subclasses
     classifier_name = "net.fc"
 
+    @checked("model.")
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int,
-                 input_size: int | None = 224, stem: str = "imagenet"):
+                 input_size: InputSize | None = 224, stem: str = "imagenet"):
         super().__init__()
         net = type(self).builder(weights=None, num_classes=num_classes)
         if stem == "imagenet":

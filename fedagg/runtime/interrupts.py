@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 
@@ -54,8 +55,9 @@ class StopRequests:
             self.now()
             return
         if not self.requested:  # a sweep's parent forwards SIGTERM after the group's SIGINT: one line
-            log.warning("%s received: stopping after this round (Ctrl-C again to stop now)",
-                        signal.Signals(signum).name)
+            # only a SIGINT stops at once (a second SIGTERM is that forwarded one): say how to send it
+            now = "Ctrl-C again" if signum == signal.SIGINT else f"Ctrl-C or kill -INT {os.getpid()}"
+            log.warning("%s received: stopping after this round (%s to stop now)", signal.Signals(signum).name, now)
         self.requested = True
 
     def now(self) -> None:

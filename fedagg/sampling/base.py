@@ -12,6 +12,7 @@ declares `needs_losses`, the current global model's loss on clients' training da
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from fedagg.seeding import generator
 
+log = logging.getLogger("fedagg")
 
 class Losses(Protocol):
     def __call__(self, ids: Tensor, samples: int | None = None,
@@ -46,11 +48,18 @@ class Sampler:
     # accountant's q = K / pool assumes (channel=dp refuses any other sampler)
     equal_chance: ClassVar[bool] = True
     needs_losses: ClassVar[bool] = False  # True: `Draw.losses` must be given (the loop scores the global model)
+    # how the start's note names a rule the user chose (`sampler=size`); None: the default uniform draw, never noted
+    shown: ClassVar[str | None] = None
 
     def check(self, per_round: int, pool: int, count: str = "clients_per_round") -> None:
         """Refuse, before training, what this rule cannot draw: up to `per_round` clients a step (the setting named
         `count`: clients_per_round, or server.concurrency on the asynchronous server) from `pool` that can be
-        sampled at most (num_clients less the held-out ones)."""
+        sampled at most (num_clients less the held-out ones). A subclass that refuses more calls this first: it
+        notes, in one line, a chosen rule that has nobody to choose among (`choose` then sends the whole pool)."""
+        if self.shown is not None and per_round >= pool:  # legal, but the rule never runs
+            sent = "every round" if count == "clients_per_round" else "again as soon as it arrives"
+            log.warning("%s does nothing here: %s covers all %d clients that can train, so each one is sent %s, as "
+                        "under any sampler", self.shown, count, pool, sent)
 
     def choose(self, k: int, pool: Tensor, step: int, draw: Draw) -> list[int]:
         """The ids of `pool` [M] (ascending) that train at `step` (counted from `draw.first`), ascending: k of them,

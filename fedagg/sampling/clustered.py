@@ -45,6 +45,7 @@ def clusters(sizes: Tensor, k: int) -> Tensor:
 
 class Clustered(Sampler):
     equal_chance = False
+    shown = "sampler=clustered"
 
     def select(self, k: int, pool: Tensor, step: int, draw: Draw) -> Tensor:
         sizes = draw.sizes[pool]

@@ -36,6 +36,7 @@ def highest(ids: Tensor, losses: Tensor, k: int) -> Tensor:
 class PowerOfChoice(Sampler):
     equal_chance = False
     needs_losses = True
+    shown = "sampler=power_of_choice"
 
     @checked("sampler.")
     def __init__(self, d: Count | None = None, samples: Count | None = None) -> None:
@@ -43,6 +44,7 @@ class PowerOfChoice(Sampler):
         self.samples = samples  # null: the whole training split (pow-d); b: b random samples (cpow-d)
 
     def check(self, per_round: int, pool: int, count: str = "clients_per_round") -> None:
+        super().check(per_round, pool, count)
         if self.d is None:
             return
         if self.d < per_round:

@@ -15,6 +15,7 @@ from fedagg.sampling.base import Draw, Sampler, proportional
 
 class SizeProportional(Sampler):
     equal_chance = False
+    shown = "sampler=size"
 
     def select(self, k: int, pool: Tensor, step: int, draw: Draw) -> Tensor:
         return proportional(pool, draw.sizes[pool], k, generator(draw.seed, draw.stream, step))

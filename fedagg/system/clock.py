@@ -14,6 +14,12 @@ that takes `steps` local steps and uploads `bits_up` bits lasts
   draws the same; `jitter: 0` (the default) draws nothing.
 - upload_rate in bits per second; 0 or null: uploads take no time.
 
+Simulated times must stay finite numbers (metrics.csv's `sim_time`, summary.json's `final_sim_time`, the
+asynchronous server's arrival order): a clock whose slowest client, at the u = 1 − 10⁻¹² quantile and the largest
+jitter factor e^{jitter · 9}, would take more than `LONGEST_STEP` seconds per local step is refused when it is
+built, in one line, and so is an upload rate below `SLOWEST_RATE`. Z is clamped to ±9 (|Z| > 9 has probability
+2·10⁻¹⁹), so the bound holds for every draw; sums of a run's dispatches then stay far below float64's 1.8e308.
+
 The families are FLSim's per-user duration distributions (facebookresearch/FLSim@7311f2d
 `flsim/utils/timing/training_duration_distribution.py`): half-normal min + |N(0, σ)| (lines 97-116), uniform
 U(min, 2·mean − min) (lines 119-142), exponential with mean `mean` (rate 1/mean, lines 145-171). FLSim draws a
@@ -27,6 +33,7 @@ clients instead of K (SPEC). The drivers of asynchronous rounds use `duration` d
 
 from __future__ import annotations
 
+import logging
 import math
 from statistics import NormalDist
 from typing import Annotated, ClassVar
@@ -36,13 +43,18 @@ import torch
 from fedagg.config.constraints import Range, checked
 from fedagg.seeding import generator
 
+LONGEST_STEP = 1e100  # seconds per local step at most: leaves 10^200 for steps x dispatches before float64 overflows
+SLOWEST_RATE = 1e-80  # bits per second at least (when set): an upload of 10^13 bits then lasts at most 10^93 s
+Z_MAX = 9.0  # the jitter's normal draw is clamped to ±Z_MAX, so LONGEST_STEP bounds every draw
+U_TOP = 1 - 1e-12  # the largest u_k a client can draw (`_uniform`)
 Positive = Annotated[float, Range(gt=0, finite=True)]
 NonNegative = Annotated[float, Range(ge=0, finite=True)]
-Rate = Annotated[float, Range(ge=0, words="it must be a number >= 0 (bits per second; 0 or null: uploads take "
-                                          "no time)")]
+Rate = Annotated[float, Range(ge=SLOWEST_RATE, also=(0, 0.0), words=f"it must be 0 or null (uploads take no time) "
+                                                                      f"or a number of bits per second >= {SLOWEST_RATE:g}")]
 Deadline = Annotated[float, Range(gt=0, finite=True, words="it must be a finite number of seconds > 0, or null "
                                                           "for no deadline")]
 _NORMAL = NormalDist()
+log = logging.getLogger("fedagg")
 
 
 class Clock:
@@ -55,6 +67,10 @@ class Clock:
 
     def connect(self, seed: int, num_clients: int) -> None:
         """Nothing to draw."""
+
+    def check(self, per_round: int, pool: int) -> None:
+        """Note, in one line at the start, a setting that does nothing with `per_round` clients a synchronous round
+        of the `pool` that can train."""
 
     def step_time(self, client_id: int) -> float:
         raise RuntimeError("clock=none has no simulated time; choose a clock (clock=lognormal, ...)")
@@ -70,9 +86,11 @@ class Clock:
 
 
 class TimedClock(Clock):
-    """A clock of one family: subclasses give `quantile(u)`, the per-step time at the u-quantile."""
+    """A clock of one family: subclasses give `quantile(u)`, the per-step time at the u-quantile, name in `shape`
+    the settings it reads, and call `check_slowest` once they are set."""
 
     enabled: ClassVar[bool] = True
+    shape: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, upload_rate: float | None = None, jitter: float = 0.0, deadline: float | None = None,
                  over_select: float = 0.0) -> None:
@@ -86,6 +104,24 @@ class TimedClock(Clock):
         self.seed: int | None = None
         self.times: list[float] = []
 
+    def check_slowest(self) -> None:
+        """Refuse, in one line, a family and jitter whose slowest client's step exceeds LONGEST_STEP seconds."""
+        try:
+            slowest = self.quantile(U_TOP)
+        except OverflowError:
+            slowest = math.inf
+        log_slowest = (math.log(slowest) if slowest > 0 else -math.inf) + self.jitter * Z_MAX
+        if log_slowest <= math.log(LONGEST_STEP):
+            return
+        keys = [*self.shape, *(("jitter",) if self.jitter else ())]
+        shown = ", ".join(f"clock.{k}={getattr(self, k)!r}" for k in keys)
+        lasts = ("more seconds than a float64 holds" if math.isinf(log_slowest)
+                 else f"about 1e{log_slowest / math.log(10):+.0f} seconds")
+        lower = ", ".join(f"clock.{k}" for k in keys[:-1]) + (" or " if len(keys) > 1 else "") + f"clock.{keys[-1]}"
+        raise ValueError(f"{shown} {'are' if len(keys) > 1 else 'is'} not allowed{' together' if len(keys) > 1 else ''}: "
+                         f"the slowest client's local step would last {lasts}, and simulated times stay "
+                         f"finite only up to {LONGEST_STEP:g} seconds a step; lower {lower}")
+
     def quantile(self, u: float) -> float:
         raise NotImplementedError
 
@@ -93,6 +129,19 @@ class TimedClock(Clock):
         """Each client's per-step time, from its own stream (seed, "clock", k), once."""
         self.seed = int(seed)
         self.times = [self.quantile(_uniform(seed, k)) for k in range(num_clients)]
+
+    def check(self, per_round: int, pool: int) -> None:
+        if not self.over_select or self.selected(per_round) <= pool:
+            return
+        if per_round >= pool:  # legal, but there is nobody more to sample
+            log.warning("clock.over_select=%g does nothing: clients_per_round already sends all %d clients that can "
+                        "train each round, so no extra one can be sampled; over-selection needs clients_per_round "
+                        "below them", self.over_select, pool)
+        else:
+            log.warning("clock.over_select=%g asks for ceil((1 + %g) x %d) = %d clients a round, but only %d can train: "
+                        "a round samples all %d (clock.over_select=%.3g already samples them all)",
+                        self.over_select, self.over_select, per_round, self.selected(per_round), pool, pool,
+                        (pool - per_round) / per_round)
 
     def step_time(self, client_id: int) -> float:
         if self.seed is None:
@@ -106,7 +155,7 @@ class TimedClock(Clock):
         if self.jitter:
             z = float(torch.randn(1, dtype=torch.float64, generator=generator(self.seed, "clock_jitter", client_id,
                                                                                dispatch)))
-            compute *= math.exp(self.jitter * z)
+            compute *= math.exp(self.jitter * min(max(z, -Z_MAX), Z_MAX))  # clamped: see LONGEST_STEP
         return compute + (bits_up / self.upload_rate if self.upload_rate else 0.0)
 
     def selected(self, per_round: int) -> int:
@@ -123,11 +172,14 @@ def _uniform(seed: int, client_id: int) -> float:
 class HalfNormal(TimedClock):
     """min + |N(0, σ)| seconds per step (FLSim's PerUserHalfNormalDurationDistribution, lines 97-116)."""
 
+    shape = ("min", "sigma")
+
     @checked("clock.")
     def __init__(self, min: NonNegative = 0.0, sigma: Positive = 1.0, upload_rate: Rate | None = None,
                  jitter: NonNegative = 0.0, deadline: Deadline | None = None, over_select: NonNegative = 0.0) -> None:
-        super().__init__(upload_rate, jitter, deadline, over_select)
         self.min, self.sigma = float(min), float(sigma)
+        super().__init__(upload_rate, jitter, deadline, over_select)
+        self.check_slowest()
 
     def quantile(self, u: float) -> float:
         return self.min + self.sigma * _NORMAL.inv_cdf((1 + u) / 2)  # |N(0, σ)| at u: σ Φ⁻¹((1 + u) / 2)
@@ -136,11 +188,14 @@ class HalfNormal(TimedClock):
 class LogNormal(TimedClock):
     """median · e^{σ N(0, 1)} seconds per step (not among FLSim's families; SPEC lists it)."""
 
+    shape = ("median", "sigma")
+
     @checked("clock.")
     def __init__(self, median: Positive = 1.0, sigma: Positive = 1.0, upload_rate: Rate | None = None,
                  jitter: NonNegative = 0.0, deadline: Deadline | None = None, over_select: NonNegative = 0.0) -> None:
-        super().__init__(upload_rate, jitter, deadline, over_select)
         self.median, self.sigma = float(median), float(sigma)
+        super().__init__(upload_rate, jitter, deadline, over_select)
+        self.check_slowest()
 
     def quantile(self, u: float) -> float:
         return self.median * math.exp(self.sigma * _NORMAL.inv_cdf(u))
@@ -150,11 +205,14 @@ class Exponential(TimedClock):
     """Exponential with mean `mean` seconds per step (FLSim's PerUserExponentialDurationDistribution, rate
     1/mean, lines 145-171; its docstring calls the mean a rate, its code takes it as the mean)."""
 
+    shape = ("mean",)
+
     @checked("clock.")
     def __init__(self, mean: Positive = 1.0, upload_rate: Rate | None = None, jitter: NonNegative = 0.0,
                  deadline: Deadline | None = None, over_select: NonNegative = 0.0) -> None:
-        super().__init__(upload_rate, jitter, deadline, over_select)
         self.mean = float(mean)
+        super().__init__(upload_rate, jitter, deadline, over_select)
+        self.check_slowest()
 
     def quantile(self, u: float) -> float:
         return -self.mean * math.log1p(-u)
@@ -163,14 +221,17 @@ class Exponential(TimedClock):
 class Uniform(TimedClock):
     """U(min, 2·mean − min) seconds per step (FLSim's PerUserUniformDurationDistribution, lines 119-142)."""
 
+    shape = ("min", "mean")
+
     @checked("clock.")
     def __init__(self, min: NonNegative = 0.0, mean: Positive = 1.0, upload_rate: Rate | None = None,
                  jitter: NonNegative = 0.0, deadline: Deadline | None = None, over_select: NonNegative = 0.0) -> None:
         if min > mean:
             raise ValueError(f"clock.min={min!r} is not allowed with clock.mean={mean!r}; the uniform family is "
                              "U(min, 2·mean − min), so min must be at most mean")
-        super().__init__(upload_rate, jitter, deadline, over_select)
         self.min, self.mean = float(min), float(mean)
+        super().__init__(upload_rate, jitter, deadline, over_select)
+        self.check_slowest()
 
     def quantile(self, u: float) -> float:
         return self.min + u * 2 * (self.mean - self.min)
