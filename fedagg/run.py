@@ -39,7 +39,7 @@ from fedagg.edge.default_model import with_default_model
 from fedagg.edge.job_checks import (FolderHeld, SetupError, check_no_ignored_choice, check_run,  # noqa: F401
                                     checked_settings, explain_missing_option, instantiate_parts, settings_from,
                                     user_error_of)
-from fedagg.edge.sweep import SweepSummary, concurrent_jobs
+from fedagg.edge.sweep import SweepSummary, concurrent_jobs, first_time
 from fedagg.loop.assembly import assemble
 from fedagg.runtime.checkpoints import load_checkpoint
 from fedagg.runtime import interrupts, threads
@@ -332,7 +332,8 @@ def job_outcome(run_dir: str | Path, resume: bool, summary: dict | None = None,
             log.warning("stopped (Ctrl-C)")
         return {"status": "interrupted"}
     if isinstance(error, SetupError):  # a user error, not a bug: the message alone, without a traceback
-        log.error("%s", error)
+        # said once a sweep: every job missing the same data fails alike (the sweep's end counts them)
+        log.log(logging.ERROR if first_time(str(error)) else logging.DEBUG, "%s", error)
         return {"status": "failed", "error": str(error), "folder_held": isinstance(error, FolderHeld)}
     if error is not None:  # the traceback is in the job's summary.json, the count at the sweep's end
         log.error("job failed: %s: %s (traceback in %s)", type(error).__name__, error, Path(run_dir) / "summary.json")
