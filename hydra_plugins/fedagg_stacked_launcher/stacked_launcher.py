@@ -163,8 +163,10 @@ def form_groups(keys: list[tuple[str | None, str]], max_group: int) -> list[tupl
     return sorted(groups, key=lambda g: g[0][0])
 
 
-def console_logging(job_logging: DictConfig) -> None:
-    """The jobs' logging without its file handlers (each job adds its own: `job_log_files`)."""
+def console_logging(job_logging: DictConfig, start_up: "StartUpOnce") -> None:
+    """The jobs' logging without its file handlers (each job adds its own: `job_log_files`); on the console a line
+    says which job it is of (`#3 round 2/5 ...`), and a job's start-up line that an earlier job said alike is left
+    out (`start_up`); each job's own log file keeps all of its lines."""
     conf = OmegaConf.to_container(job_logging, resolve=False)
     files = [name for name, h in conf.get("handlers", {}).items() if "filename" in h]
     for name in files:
@@ -172,6 +174,63 @@ def console_logging(job_logging: DictConfig) -> None:
     if conf.get("root"):
         conf["root"]["handlers"] = [h for h in conf["root"].get("handlers", []) if h not in files]
         logging.config.dictConfig(conf)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.addFilter(start_up)
+            handler.setFormatter(JobNumbered(handler.formatter or logging.Formatter()))
+
+
+class StartUpOnce(logging.Filter):
+    """Lets through a line logged while a job is prepared (its data, model, threads: the same for every job of a
+    sweep that differs in seeds and methods) only the first time it is said: the sweep's start-up said once, not
+    once a job. The lines of the rounds and of each job's end all pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple] = set()
+        self.active = False
+
+    @contextlib.contextmanager
+    def preparing(self):
+        self.active = True
+        try:
+            yield
+        finally:
+            self.active = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.active:
+            return True
+        key = (record.name, record.levelno, record.getMessage())
+        new = key not in self.seen
+        self.seen.add(key)
+        return new
+
+
+class JobNumbered(logging.Formatter):
+    """The console's format, with `#N ` before a line the launcher logged for job N (the job table maps N to its
+    settings)."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        job = _serving.get()
+        if job is None:
+            return self.inner.format(record)
+        numbered = copy.copy(record)  # the job's file handler formats the record as it is
+        numbered.msg, numbered.args = f"#{job.config.hydra.job.num} {record.getMessage()}", None
+        return self.inner.format(numbered)
+
+
+def job_table(job_overrides: Sequence[Sequence[str]], first: int) -> list[str]:
+    """The lines that map a job's number to its settings: the overrides that differ between the jobs (those they
+    share are said once, above them)."""
+    shown = [filter_overrides(list(o)) for o in job_overrides]
+    shared = [o for o in shown[0] if all(o in others for others in shown[1:])] if len(shown) > 1 else []
+    lines = [f"every job: {' '.join(shared)}"] if shared else []
+    return lines + [f"#{first + i} {' '.join(o for o in overrides if o not in shared)}" for i, overrides in enumerate(shown)]
 
 
 _serving: ContextVar[object] = ContextVar("serving", default=None)  # the job whose work the launcher does now
@@ -241,6 +300,7 @@ class StackedLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         self.stopping = self.stopping_now = False
         self.told_auto = False  # the line that engine=auto jobs train with the parallel engine, said once a sweep
+        self.start_up = StartUpOnce()  # the jobs' start-up lines, said once a sweep (a comparison's waves included)
         self.group = None  # the StopRequests of the group being run (fedagg.runtime.interrupts)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -281,6 +341,8 @@ class StackedLauncher(Launcher):
         keys = [group_key(cfg) for cfg in configs]
         groups = form_groups(keys, self.max_group)
         log.info("stacked launcher: %d jobs in %d group(s)", len(configs), len(groups))
+        for line in job_table(job_overrides, initial_job_idx):
+            log.info("%s", line)
         self._auto_to_parallel([configs[i] for positions, _ in groups if len(positions) > 1 for i in positions])
         returns: list[JobReturn | None] = [None] * len(configs)
         for positions, why in groups:
@@ -319,7 +381,7 @@ class StackedLauncher(Launcher):
         from fedagg.loop.drivers import run_alone, run_in_step
         from fedagg.runtime.interrupts import StopRequests
 
-        console_logging(configs[positions[0]].hydra.job_logging)
+        console_logging(configs[positions[0]].hydra.job_logging, self.start_up)
         self.group = stop = StopRequests()  # the signals come to `_stop`, which sets it
         stop.requested = self.stopping
         try:
@@ -335,7 +397,7 @@ class StackedLauncher(Launcher):
                     returns[positions[place]] = JobReturn(status=JobStatus.FAILED, _return_value=err)
                     continue
                 try:
-                    with serving(job):
+                    with serving(job), self.start_up.preparing():
                         outcome = self._prepare(job)
                 except KeyboardInterrupt:  # a second Ctrl-C, outside the run's own setup
                     outcome = {"status": "interrupted"}
