@@ -126,7 +126,7 @@ def plot_bars(stats: dict, path: Path, title: str | None = None) -> None:
     else:
         scale = ScalarMappable(Normalize(-0.5, c - 0.5), matplotlib.colormaps["turbo"].resampled(c))
         fig.colorbar(scale, ax=ax, label="class", fraction=0.03, aspect=40)
-    fig.savefig(path, dpi=100, format="png")
+    fig.savefig(path, dpi=100, format="png", metadata={"Title": heading(stats, title)})  # the title as text, too
 
 
 def plot_summary(stats: dict, path: Path, title: str | None = None) -> None:
@@ -151,7 +151,7 @@ def plot_summary(stats: dict, path: Path, title: str | None = None) -> None:
     bottom.set_xlabel("class")
     bottom.set_ylabel("client")
     fig.colorbar(image, ax=bottom, label="share of the client's samples", fraction=0.03, aspect=40)
-    fig.savefig(path, dpi=100, format="png")
+    fig.savefig(path, dpi=100, format="png", metadata={"Title": heading(stats, title)})
 
 
 if __name__ == "__main__":
