@@ -3,7 +3,8 @@
 the chosen values against their ranges, the confirm table of the tuned methods and of their defaults side by side
 with paired intervals against the baseline and how tuning moved the ranking, every confirm run's value by seed
 (a chosen configuration whose seeds disagree is flagged), the methods' curves, and the time spent. Beside it:
-`table.tex` (the LaTeX table) and `methods.pdf`/`methods.png` (the figure), ready for a paper."""
+`table.tex` (the LaTeX table; on a clock with a target_acc, `table_time.tex`: the time to reach it) and
+`methods.pdf`/`methods.png` (the figure), ready for a paper."""
 
 from __future__ import annotations
 
@@ -177,6 +178,10 @@ def write_report(folder: Path, protocol: Protocol, spaces: dict[str, list[Param]
         write_atomically(folder / "table.tex", table.to_latex())
     else:
         sections.append(("Test: tuned and at defaults", f"<p>{html.escape(problem)}</p>"))
+    if any(r.get("target_acc") is not None and "time_to_target" in r for r in runs):  # on a clock, with a target
+        timed = build_table(folder, metric="time_to_target")
+        sections.append(("Time to the target accuracy", timed.to_html()))
+        write_atomically(folder / "table_time.tex", timed.to_latex())
     sections.append(("Every confirm run, by seed", render.Table([per_seed_table(values, p, names)]).to_html()))
     curves = comparison_figure(folder)
     if curves:
