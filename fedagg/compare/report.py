@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from fedagg.compare.protocol import Protocol, last_rounds, write_atomically  # noqa: E402
 from fedagg.compare.space import Param  # noqa: E402
 from fedagg.results import comparison, render, stats  # noqa: E402
-from fedagg.results.figure import comparison_figure  # noqa: E402
+from fedagg.results.figure import colors, comparison_figure  # noqa: E402
 from fedagg.results.derived import LAST_K, add_derived  # noqa: E402
 from fedagg.results.report import STYLE, image  # noqa: E402
 from fedagg.results.runs import ResultsError  # noqa: E402
@@ -89,10 +89,12 @@ def per_seed_table(values: dict, protocol: Protocol, names: dict[str, str]) -> r
 
 def tuning_curves(selection: list[dict], protocol: Protocol, path: Path, names: dict[str, str]) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
+    palette = colors(protocol.methods)  # each method in its colour of the other figures
     for m in protocol.methods:
         scores = [r["val_score"] for r in sorted((r for r in selection if r["method"] == m), key=lambda r: r["trial"])]
         best = [max(scores[: i + 1]) for i in range(len(scores))]
-        ax.plot(range(1, len(best) + 1), [100 * b for b in best], marker="o", ms=3, label=names.get(m, m))
+        ax.plot(range(1, len(best) + 1), [100 * b for b in best], marker="o", ms=3, label=names.get(m, m),
+                color=palette[m])
     ax.set_xlabel("trials")
     ax.set_ylabel("best validation score so far (%)")
     ax.legend(fontsize=8)
