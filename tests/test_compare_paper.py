@@ -216,6 +216,7 @@ def test_the_report_shows_objective_settings_and_no_nan_and_no_flat_weight_panel
     assert "nan" not in page
     settings = re.search(r"<tr><td>FedProx</td><td><code>FedAvg, objective FedProx</code></td><td>(.*?)</td></tr>", page)
     assert settings and "objective.mu" in settings[1] and "0.01" in settings[1]  # FedProx's default μ among them
+    assert "<tr><td>FedAvg</td><td><code>FedAvg</code></td><td>weighting=&quot;samples&quot;</td></tr>" in page
     lr = re.search(r"<tr><td><code>client.lr</code></td><td>(.*?)</td></tr>", page)[1].split(", ")
     assert "0.05" in lr  # the defaults' rate, from their config, where the runs did not override it
     weights = page.split("<h2>Aggregation weights</h2>")[1].split("</section>")[0]

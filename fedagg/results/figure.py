@@ -40,6 +40,19 @@ def line_name(run: dict) -> str:
     return str(s.get("method_name") or s.get("method") or "?")
 
 
+def reweights(run: dict) -> bool:
+    """Whether a run's aggregation weights are anything but each client's share of its round's samples (FedAvg's),
+    the only weights worth a panel; a weights.csv without num_samples is drawn."""
+    rounds: dict = defaultdict(list)
+    for row in run["weights"]:
+        w, n = number(row.get("weight")), number(row.get("num_samples"))
+        if w is None or n is None:
+            return True
+        rounds[row.get("round")].append((w, n))
+    return any(abs(w - n / total) > 1e-6 for pairs in rounds.values() if (total := sum(n for _, n in pairs)) > 0
+               for w, n in pairs)
+
+
 # what a comparison's figure puts accuracy against: rounds always; bits and simulated time where the runs recorded them
 FIGURE_AXES = (("round", "round"), ("bits_up_total", "cumulative bits uploaded (log scale)"),
                ("sim_time", "simulated time (s), seeds averaged at each server step"))

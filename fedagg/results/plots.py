@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedagg.results import comparison, integrity, wandb_log  # noqa: E402
-from fedagg.results.figure import colors, comparison_figure, load_run, log_axis, read_csv  # noqa: E402,F401  (read_csv: report's)
+from fedagg.results.figure import colors, comparison_figure, load_run, log_axis, read_csv, reweights  # noqa: E402,F401  (read_csv, reweights: report's)
 from fedagg.results.checks import NOT_SETTINGS  # noqa: E402
 from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
 from fedagg.results.runs import ResultsError, find_run_dirs, overrides_of, read_run, sweep_frame  # noqa: E402
@@ -69,19 +69,6 @@ def palette(runs: list[dict], axes: list[str]) -> dict[str, str]:
     """Each line's colour by the order of the runs (finished_runs': the comparison's methods=), the same in every
     figure and panel."""
     return colors(describe(run, axes)[1] for run in runs)
-
-
-def reweights(run: dict) -> bool:
-    """Whether a run's aggregation weights are anything but each client's share of its round's samples (FedAvg's),
-    the only weights worth a panel; a weights.csv without num_samples is drawn."""
-    rounds: dict = defaultdict(list)
-    for row in run["weights"]:
-        w, n = number(row.get("weight")), number(row.get("num_samples"))
-        if w is None or n is None:
-            return True
-        rounds[row.get("round")].append((w, n))
-    return any(abs(w - n / total) > 1e-6 for pairs in rounds.values() if (total := sum(n for _, n in pairs)) > 0
-               for w, n in pairs)
 
 
 def unfinished_note(unfinished: list[dict]) -> str:

@@ -89,7 +89,9 @@ def methods(table) -> str:
     for row in layout["rows"]:
         runs = [run for cell, rs in layout["cells"].items() if cell[: len(row)] == row for run in rs]
         settings = [{**flatten((run.get("config") or {}).get("aggregator") or {}),
-                     **flatten(make_table.lookup(run, "config.client.objective") or {}, "objective.")} for run in runs]
+                     **(flatten(make_table.lookup(run, "config.client.objective") or {}, "objective.")
+                        if (run.get("choices") or {}).get("client/objective") not in (None, "none") else {})}
+                    for run in runs]  # a client objective's settings are the method's too (FedProx's mu)
         if not settings:
             continue
         target = {str(s.get("_target_", "")).rsplit(".", 1)[-1] + (f", objective {str(o).rsplit('.', 1)[-1]}"
