@@ -211,12 +211,14 @@ def test_the_report_shows_objective_settings_and_no_nan_and_no_flat_weight_panel
     from fedagg.results import report
 
     folder, _ = compared
-    figs, _ = figures_of(report.main, [str(folder), "--wandb-mode", "disabled"])
+    figs, _ = figures_of(report.main, [str(folder), "--wandb-mode", "disabled", "--baseline", "FedAvg"])
     page = re.sub(r'src="data:[^"]*"', "", (folder / "results_report.html").read_text())  # the text, not images
     assert "nan" not in page
     settings = re.search(r"<tr><td>FedProx</td><td><code>FedAvg, objective FedProx</code></td><td>(.*?)</td></tr>", page)
     assert settings and "objective.mu" in settings[1] and "0.01" in settings[1]  # FedProx's default μ among them
     assert "<tr><td>FedAvg</td><td><code>FedAvg</code></td><td>weighting=&quot;samples&quot;</td></tr>" in page
+    table = page.split("<h2>Table</h2>")[1]  # methods= order, though the baseline asked for is FedAvg
+    assert table.index("<td>FedProx</td>") < table.index("<td>FedAvg</td>")
     lr = re.search(r"<tr><td><code>client.lr</code></td><td>(.*?)</td></tr>", page)[1].split(", ")
     assert "0.05" in lr  # the defaults' rate, from their config, where the runs did not override it
     weights = page.split("<h2>Aggregation weights</h2>")[1].split("</section>")[0]
@@ -224,7 +226,7 @@ def test_the_report_shows_objective_settings_and_no_nan_and_no_flat_weight_panel
     ticks = [t.get_text() for fig in figs for ax in fig.axes for t in ax.get_yticklabels()
              if "difference to" in ax.get_xlabel()]
     assert ticks and all(t.split(" · ")[0] in NAMES.values() for t in ticks)
-    assert not any(key in t.split(" · ") for t in ticks for key in ORDER)
+    assert not any(key in t.split(" · ") for t in ticks for key in ORDER) and "FedProx" in ticks[0]
 
 
 # --- library and console ------------------------------------------------------------------------------------------

@@ -176,12 +176,14 @@ def build_report(folder: Path, baseline: str | None, work: Path, rows: list[str]
     axes = plot.sweep_axes(runs)
     if columns is None and axes:  # a plain sweep over more than methods: a column per setting, nothing pooled
         columns = list(dict.fromkeys(["dataset", *axes]))
-    layout = make_table.build_table(folder, runs=summaries + unfinished, rows=rows, columns=columns).layout
+    order = comparison.methods(folder)  # a comparison's rows in its methods= order, whichever is the baseline
+    layout = make_table.build_table(folder, runs=summaries + unfinished, rows=rows, columns=columns, order=order).layout
     names = {r: " ".join(r) for r in layout["rows"]}
     if baseline is None:
         baseline = comparison.baseline(folder) or ("fedavg" if "fedavg" in names.values() else None)
     paired_on = baseline if baseline and len(layout["rows"]) > 1 else None
-    table = make_table.build_table(work, runs=summaries + unfinished, baseline=paired_on, rows=rows, columns=columns)  # the CD diagram goes to work
+    table = make_table.build_table(work, runs=summaries + unfinished, baseline=paired_on, rows=rows, columns=columns,
+                                   order=order)  # the CD diagram goes to work
     spec = table.spec
     groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
@@ -224,7 +226,8 @@ def build_report(folder: Path, baseline: str | None, work: Path, rows: list[str]
         sections.append(("Partition", image(shown["dir"] / "partition.png", "partition") +
                          f'<p class="muted">{html.escape(caption)}</p>'))
     if paired_on:
-        base = next(r for r in layout["rows"] if baseline in (" ".join(r), names[r]))
+        shown = {r: " ".join(make_table.label(spec, k, v) for k, v in zip(spec["rows"], r)) for r in layout["rows"]}
+        base = next(r for r in layout["rows"] if baseline in (" ".join(r), names[r], shown[r]))  # the id or the name
         body = image(differences_figure(layout, spec, base, work / "differences.png"), "paired differences")
         body += render.Table(table.blocks[at:]).to_html()
         if (work / "cd_diagram.png").exists():

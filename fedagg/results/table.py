@@ -192,11 +192,12 @@ def notes(runs: list[dict], spec: dict, extra: set, unfinished: list[dict] = ())
 def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[str] | None = None,
                 metric: str | None = None, paper: str | None = None, keys: dict[str, str] | None = None,
                 measured_only: bool = False, baseline: str | None = None, runs: list[dict] | None = None,
-                last_k: int | None = None) -> render.Table:
+                last_k: int | None = None, order: list[str] | None = None) -> render.Table:
     """The table of the runs below `folder` (the table experiment's layout unless rows, columns, metric or paper
     are given; keys: where a cell key is found in summary.json), with the paired statistics against the row
     `baseline` when given (the CD diagram is written into folder); metric last_k averages the last `last_k` evaluated
-    rounds (default ⌈R/10⌉). ResultsError: one line saying why not."""
+    rounds (default ⌈R/10⌉); order: the methods' row order (a comparison's methods=, read from its folder unless
+    given). ResultsError: one line saying why not."""
     folder = Path(folder)
     compared = runs is None and comparison.is_comparison(folder)  # its confirm runs, tuned and defaults side by side
     found = comparison.confirm_runs(folder) if compared else read_runs(folder) if runs is None else runs
@@ -216,7 +217,7 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
         runs = [derived.add_derived(run, last_k) for run in runs]
     spec = table_spec(runs, args)
     spec["order"] = {comparison.TUNING: ["tuned", "defaults"], **(spec.get("order") or {})}
-    methods = comparison.methods(folder) if compared else []
+    methods = order or (comparison.methods(folder) if compared else [])
     if methods or baseline:
         spec["order"].setdefault(METHOD, methods or [baseline])  # the comparison's order; else the baseline first
     if spec["rows"] == [METHOD]:
