@@ -23,7 +23,8 @@ SWEEP_PLUS = ("aggregator.bucket_size=2 is applied before the sweep picks the ag
      f"aggregator=Median is not an option; did you mean aggregator=median? (options: {OPTIONS})"),
     (["client/objective=prox"], "client/objective=prox is not an option; did you mean client/objective=fedprox? "
                                 "(options: feddecorr, feddyn, fedlc, fedntd, fedprox, moon, none)"),
-    (["aggregator=zzz"], f"aggregator=zzz is not an option (options: {OPTIONS})"),
+    (["aggregator=zzz"], f"aggregator=zzz is not an option (options: {OPTIONS}); an option of your own needs its folder "
+                         "searched: aggregator/zzz.yaml in DIR and hydra.searchpath=[file://DIR] on the command line"),
     (["aggregator.bucket_sizee=3"], "aggregator.bucket_sizee is not a setting fedagg knows; did you mean "
                                     f"aggregator.bucket_size=3? ({BUCKETED} have it, aggregator=fedavg does not)"),
     (["aggregator=median", "aggregator.bucket_sizee=3"],
