@@ -30,7 +30,8 @@ def test_option_composes_and_instantiates(group, option):
     if group == "model":
         model = obj(num_classes=10, in_channels=3, image_size=32)
         # a sequence model's input is (length,): its token ids
-        assert isinstance(model, nn.Module) and len(model.input_shape) == (1 if option == "lstm_shakespeare" else 3)
+        sequence = option in ("lstm_shakespeare", "char_decoder", "text_decoder")
+        assert isinstance(model, nn.Module) and len(model.input_shape) == (1 if sequence else 3)
     elif group == "aggregator":
         assert isinstance(obj, Aggregator)
     elif group == "client":
