@@ -183,3 +183,32 @@ def test_vit_runs_on_the_digits_in_both_engines(tmp_path):
         assert abs(float(s["train_loss"]) - float(p["train_loss"])) < TOL
         assert abs(float(s["test_loss"]) - float(p["test_loss"])) < TOL
     assert len(rows["parallel"]) == 2 and float(rows["sequential"][1]["update_norm"]) > 0
+
+
+@pytest.mark.parametrize("channels, side, input_size", [(1, 8, None), (1, 28, None), (3, 32, None), (1, 8, 28)])
+def test_vit_takes_each_image_dataset_shape(channels, side, input_size):
+    """digits 1x8x8, MNIST 1x28x28, CIFAR 3x32x32, and digits resized to 28 by the data pipeline."""
+    bundle = SimpleNamespace(name="toy", num_classes=10, augment=False, mean=(0.5,) * channels, std=(0.25,) * channels,
+                             train_x=torch.zeros(3, channels, side, side, dtype=torch.uint8),
+                             train_y=torch.zeros(3, dtype=torch.long))
+    bundle.test_x, bundle.test_y = bundle.train_x, bundle.train_y
+    model = ViT(num_classes=10, in_channels=channels, image_size=side, input_size=input_size, dim=16, depth=1, heads=2)
+    x, _ = DeviceData(bundle, torch.device("cpu"), model.input_shape).train_batch(torch.arange(3))
+    grid = (input_size or side) // 4
+    assert model(x).shape == (3, 10) and model.pos.shape == (1, grid * grid + 1, 16)
+
+
+def test_char_decoder_runs_shakespeare_from_leaf_files(tmp_path, monkeypatch):
+    from fake_leaf import write_shakespeare
+
+    monkeypatch.setenv("FEDAGG_CACHE", str(tmp_path / "cache"))
+    write_shakespeare(tmp_path / "data", sizes=(10, 16, 7))
+    rows = {}
+    for engine in ("sequential", "parallel"):
+        summary = run_experiment(["dataset=shakespeare", f"data.root={tmp_path / 'data'}", "model=char_decoder",
+                                  "model.dim=16", "model.depth=1", "num_clients=null", "client.batch_size=4",
+                                  "rounds=2", "device=cpu", f"engine={engine}"], tmp_path / engine)
+        assert summary["status"] == "completed" and summary["choices"]["model"] == "char_decoder"
+        rows[engine] = _metrics(tmp_path / engine / "metrics.csv")
+    for s, p in zip(rows["sequential"], rows["parallel"]):
+        assert abs(float(s["train_loss"]) - float(p["train_loss"])) < TOL
