@@ -91,7 +91,8 @@ def _rows(path):
 def test_text_decoder_trains_on_skewed_categories_in_both_engines(tmp_path):
     write_records(tmp_path / "d.jsonl", per_class=24)
     common = ["dataset=jsonl", f"dataset.path={tmp_path / 'd.jsonl'}", "dataset.max_length=24", "rounds=2",
-              "num_clients=4", "partition.alpha=0.1", "partition.min_size=2", "device=cpu", "model=text_decoder", "model.dim=16"]
+              "num_clients=4", "partition.alpha=0.1", "partition.min_size=2", "device=cpu", "model=text_decoder",
+              "model.dim=16"]
     rows = {}
     for engine in ("sequential", "parallel"):
         summary = run_experiment([*common, f"engine={engine}"], tmp_path / engine)

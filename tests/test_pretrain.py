@@ -26,7 +26,8 @@ def _digits():
 
 def test_a_base_trains_on_the_chosen_classes_and_records_what_it_scores(tmp_path):
     lines = []
-    out = run([*SMALL, f"out={tmp_path / 'base.pt'}", "epochs=2", "classes=[0,1,2,3,4]", "lr=0.003", "batch_size=16"], say=lines.append)
+    out = run([*SMALL, f"out={tmp_path / 'base.pt'}", "epochs=2", "classes=[0,1,2,3,4]", "lr=0.003", "batch_size=16"],
+              say=lines.append)
     base = read_base(out)
     bundle = _digits()
     assert base["source"]["samples"] == int((bundle.train_y < 5).sum())  # only the chosen classes trained

@@ -53,11 +53,14 @@ def from_hub(cls, name: str | None, key: str, **kwargs):
         if local.is_dir():
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise ValueError(f"{key}={str(name)!r}: cannot load the folder with {cls.__name__} ({first})") from None
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-        why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face hub cannot be reached or has no such model"
-        raise ValueError(f"{key}={str(name)!r} is not a local folder nor in the Hugging Face cache, and this machine "
-                         f"is offline ({why}); download it where there is network (save_pretrained) and give its "
-                         f"folder") from None
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+            why = "this machine is offline: HF_HUB_OFFLINE is set"
+        elif "connect" in str(err).lower():
+            why = "this machine is offline: the Hugging Face hub cannot be reached"
+        else:
+            why = "the Hugging Face hub has no such model, or it needs a login"
+        raise ValueError(f"{key}={str(name)!r} is not a local folder nor in the Hugging Face cache ({why}); "
+                         f"download it where there is network (save_pretrained) and give its folder") from None
     finally:
         hf_logging.set_verbosity(level)
         if bars:
