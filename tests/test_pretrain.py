@@ -75,3 +75,20 @@ def test_the_command_line_is_one_line_for_a_mistyped_key(tmp_path):
                          cwd=ROOT, capture_output=True, text=True)
     assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and "Traceback" not in cli.stderr
     assert "epochz is not a setting" in cli.stderr and "own keys: out, epochs" in cli.stderr
+
+
+def test_a_char_decoder_base_from_shakespeare_scores_every_position(tmp_path, monkeypatch):
+    from fake_leaf import write_shakespeare
+
+    monkeypatch.setenv("FEDAGG_CACHE", str(tmp_path / "cache"))
+    write_shakespeare(tmp_path / "data", sizes=(10, 16, 7))
+    out = run(["model=char_decoder", "model.dim=16", "model.depth=1", "dataset=shakespeare",
+               f"data.root={tmp_path / 'data'}", f"out={tmp_path / 'base.pt'}", "device=cpu"], say=lambda line: None)
+    base = read_base(out)
+    assert base["arch"]["length"] == 80 and base["arch"]["vocab"] == base["num_classes"]
+    # LEAF's 80/20 split in time order of the 10, 16 and 7 samples: 8 + 12 + 5 train, 80 positions each scored
+    assert base["source"]["samples"] == 25 and base["source"]["test_samples"] == 8
+    summary = run_experiment(["model=char_decoder", "model.dim=16", "model.depth=1", f"model.pretrained={out}",
+                              "dataset=shakespeare", f"data.root={tmp_path / 'data'}", "num_clients=null", "rounds=1",
+                              "client.lr=1e-9", "device=cpu"], tmp_path / "run")
+    assert summary["final_test_acc"] == pytest.approx(base["source"]["test_acc"], abs=1e-9)
