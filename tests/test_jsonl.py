@@ -121,3 +121,14 @@ def test_the_command_line_runs_a_jsonl_file(tmp_path):
     said = bad.stdout + bad.stderr
     assert bad.returncode != 0 and "Traceback" not in said
     assert "dataset.path=" in said and "no such file" in said
+
+
+def test_a_hugging_face_tokenizer_or_model_without_transformers_is_one_line(tmp_path, monkeypatch):
+    from fedagg.models.hf import HFModel
+
+    write_records(tmp_path / "d.jsonl", per_class=2)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if the hf extra were not installed
+    with pytest.raises(ValueError, match=r"^dataset.tokenizer needs the transformers package: pip install 'fedagg\[hf"):
+        jsonl(path=str(tmp_path / "d.jsonl"), tokenizer="some/tokenizer")
+    with pytest.raises(ValueError, match=r"^model=hf needs the transformers package"):
+        HFModel(num_classes=3, in_channels=1, image_size=8, name_or_path="some/model")

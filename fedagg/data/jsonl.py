@@ -92,11 +92,9 @@ def byte_tokens(texts: list[str], max_length: int) -> Tensor:
 
 def hf_tokens(texts: list[str], name: str, max_length: int) -> Tensor:
     """[N, max_length] int64 ids from a Hugging Face tokenizer, padded (on its own side) with its padding id."""
-    from fedagg.models.hf import from_hub  # only for a Hugging Face tokenizer: transformers is an extra
+    from fedagg.models.hf import from_hub, transformers_or_refusal  # transformers is an extra
 
-    import transformers
-
-    tok = from_hub(transformers.AutoTokenizer, name, "dataset.tokenizer")
+    tok = from_hub(transformers_or_refusal("dataset.tokenizer").AutoTokenizer, name, "dataset.tokenizer")
     if tok.pad_token is None:  # GPT-2-like tokenizers have none; their end-of-text token pads
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
     enc = tok(texts, truncation=True, max_length=max_length, padding="max_length", return_tensors="pt")

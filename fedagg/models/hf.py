@@ -29,11 +29,12 @@ AUTO_CLASSES = {"sequence_classification": "AutoModelForSequenceClassification",
                 "image_classification": "AutoModelForImageClassification", "causal_lm": "AutoModelForCausalLM"}
 
 
-def _transformers():
+def transformers_or_refusal(key: str = "model=hf"):
+    """The transformers package, or one line saying which extra to install for `key`."""
     try:
         import transformers
     except ImportError:
-        raise ValueError("model=hf needs the transformers package: pip install 'fedagg[hf]'") from None
+        raise ValueError(f"{key} needs the transformers package: pip install 'fedagg[hf]'") from None
     return transformers
 
 
@@ -76,7 +77,7 @@ class HFModel(nn.Module):
         del in_channels  # an image checkpoint's channels are its own; the data pipeline repeats grey to fit
         if task not in TASKS:
             raise ValueError(f"model.task={task!r} is not allowed; use one of {', '.join(TASKS)}")
-        tf = _transformers()
+        tf = transformers_or_refusal()
         kw = {} if revision is None else {"revision": revision}
         config = from_hub(tf.AutoConfig, name_or_path, "model.name_or_path", **kw)
         if task == "auto":
