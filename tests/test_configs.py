@@ -27,10 +27,14 @@ def test_every_group_has_options():
 def test_option_composes_and_instantiates(group, option):
     cfg = compose_config(f"{group}={option}")
     obj = instantiate(cfg[group])
-    if group == "model":
+    if group == "model" and option == "hf":  # names no model until model.name_or_path is given
+        with pytest.raises(ValueError, match=r"^model.name_or_path is not set; give a Hugging Face model name"):
+            obj(num_classes=10, in_channels=3, image_size=32)
+    elif group == "model":
         model = obj(num_classes=10, in_channels=3, image_size=32)
         # a sequence model's input is (length,): its token ids
-        assert isinstance(model, nn.Module) and len(model.input_shape) == (1 if option == "lstm_shakespeare" else 3)
+        sequence = option in ("lstm_shakespeare", "char_decoder", "text_decoder")
+        assert isinstance(model, nn.Module) and len(model.input_shape) == (1 if sequence else 3)
     elif group == "aggregator":
         assert isinstance(obj, Aggregator)
     elif group == "client":
