@@ -83,6 +83,12 @@ def test_flora_changes_the_base_and_fedsa_lora_keeps_each_clients_b(tmp_path):
     assert torch.equal(fedit["base"], fedsa["base"])  # ... which the others leave as it was
     kept = fedsa["trainer"]["objective"]["local"]
     assert kept  # each client's B is in the checkpoint's client state
+    # model.pt is the plain model with the adapters merged: W0 + (8 / 4) B A for the MLP's first layer
+    merged = torch.load(tmp_path / "fedit" / "model.pt")
+    a, b = fedit["params"][:4 * 64].view(4, 64), fedit["params"][4 * 64:8 * 64].view(64, 4)
+    w0 = fedit["base"][64:64 + 64 * 64].view(64, 64)  # after net.1's bias
+    torch.testing.assert_close(merged["net.1.weight"], w0 + 2.0 * b @ a)
+    MLP(num_classes=10, in_channels=1, image_size=8).load_state_dict(merged)  # every key, nothing more
 
 
 def test_stacked_runs_with_bases_of_their_own_equal_each_run_alone():

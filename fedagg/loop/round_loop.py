@@ -381,8 +381,8 @@ class RoundLoop:
             save_checkpoint(self.run_dir, self.state(elapsed))
         set_params(self.fed.model, self.params)
         set_buffers(self.fed.model, self.buffers)
-        # CPU tensors: model.pt opens anywhere, without map_location
-        save_atomically({k: v.cpu() for k, v in self.fed.model.state_dict().items()}, self.run_dir / "model.pt")
+        # CPU tensors: model.pt opens anywhere, without map_location; adapters merged into the weights they adapt
+        save_atomically(self.fed.adapters.model_state(self.fed.model), self.run_dir / "model.pt")
         write_json(self.run_dir / "summary.json", self.summary, lenient=self.summary["status"] == "failed")
 
 

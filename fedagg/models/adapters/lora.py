@@ -57,14 +57,15 @@ def initial_a(rank: int, k: int, gen: torch.Generator) -> Tensor:
 
 
 def load_base(model: nn.Module, path: str) -> None:
-    """The pretrained base: a fedagg run's model.pt (a state dict of the same model without adapters)."""
+    """The pretrained base: a fedagg run's model.pt (a plain state dict of the same model; an adapter run's has its
+    adapters merged)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         model.load_state_dict(state)
     except (OSError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"adapter.base_from={path!r} is not allowed: {first}; give the model.pt of a run of the "
-                         f"same model (model={type(model).__name__}) without adapters") from None
+                         f"same model (model={type(model).__name__})") from None
 
 
 @dataclass
@@ -78,6 +79,22 @@ class Adapters:
     @classmethod
     def none(cls) -> "Adapters":
         return cls(None, FrozenBase([]))
+
+    def model_state(self, model: nn.Module) -> dict[str, Tensor]:
+        """The model as a plain state dict (CPU): with adapters, each adapted weight merged, W₀ + s B A, under the
+        base model's own names, so that `adapter.base_from` (or the plain model) loads it."""
+        if self.layout is None:
+            return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        state = {}
+        with torch.no_grad():
+            for module, attr, full in self.base.owners:
+                if full.endswith(".parametrizations.weight.original"):
+                    path = full.removesuffix(".parametrizations.weight.original")
+                    state[f"{path}.weight"] = model.get_submodule(path).weight.detach().cpu()
+                elif ".parametrizations." not in full:  # a frozen A (FFA-LoRA) is part of the merged weight
+                    state[full] = getattr(module, attr).detach().cpu()
+            state.update({k: v.detach().cpu() for k, v in model.named_buffers()})
+        return state
 
 
 class NoAdapter:
