@@ -20,33 +20,34 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
-from fedagg.aggregators.base import AggregateResult, Aggregator
+from fedagg.aggregators.base import AggregateResult, Aggregator, measured
 from fedagg.aggregators.inputs import Needs, RoundInputs
 from fedagg.models.adapters.layout import AdapterLayout, aggregation_error, sent_values, weighted_products
 from fedagg.models.adapters.lora import LowRank
 
 
 class AdapterRule(Aggregator):
-    """FedAvg on the adapters' factors (FedIT), recording the adapter diagnostics; a rule overrides `combine`."""
+    """FedAvg on the adapters' factors (FedIT): the base aggregate, so that a channel stage acting on the weighted
+    mean (DP's noise) applies as it does to FedAvg; its server step records the adapter diagnostics."""
 
     needs = Needs(adapters=True)
-    weighted_mean = True  # FedIT's and FedSA-LoRA's factors are the weighted mean of the uploads
+    weighted_mean = True  # FedIT's, FFA-LoRA's and FedSA-LoRA's factors are the weighted mean of the uploads
 
-    def combine(self, inputs: RoundInputs) -> AggregateResult:
-        return super().aggregate(inputs)
+    def server_update(self, inputs: RoundInputs, update: Tensor) -> tuple[Tensor, dict[str, float]]:
+        params = inputs.global_params + update
+        weights, _ = measured(self.client_weights(inputs))  # the weights the mean was made with
+        return params, self.records(inputs, weights.to(inputs.client_params.dtype), params)
 
-    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
-        out = self.combine(inputs)
+    def records(self, inputs: RoundInputs, weights: Tensor, params: Tensor) -> dict[str, float]:
+        """The round's adapter diagnostics (see the module) for the uploads, `weights` [K] and new `params` [P]."""
         layout = inputs.layout.adapters
         ranks = self.ranks(inputs)
-        weights = out.weights.to(inputs.client_params.dtype)
-        records = {
+        return {
             "error": aggregation_error(layout, inputs.client_params, weights, inputs.base),
-            "effective_rank": self.effective_rank(inputs, out),
+            "effective_rank": self.effective_rank(inputs, weights, params),
             "bits_up": sum(self.up_values(layout, r) for r in ranks) * 32,
             "bits_down": sum(self.down_values(layout, r, ranks) for r in ranks) * 32,
         }
-        return replace(out, metrics={**out.metrics, **records})
 
     def ranks(self, inputs: RoundInputs) -> list[int]:
         """Each participant's rank this round."""
@@ -60,11 +61,26 @@ class AdapterRule(Aggregator):
         """Values one participant of rank `rank` receives (`ranks`: the round's participants')."""
         return sent_values(layout, rank)
 
-    def effective_rank(self, inputs: RoundInputs, out: AggregateResult) -> float:
+    def effective_rank(self, inputs: RoundInputs, weights: Tensor, params: Tensor) -> float:
         """Numerical rank of the new global B A, averaged over the adapted layers."""
         layout = inputs.layout.adapters
-        ranks = [int(torch.linalg.matrix_rank(layout.products(out.params, pair, inputs.base))) for pair in layout.pairs]
+        ranks = [int(torch.linalg.matrix_rank(layout.products(params, pair, inputs.base))) for pair in layout.pairs]
         return sum(ranks) / len(ranks)
+
+
+class CombinedRule(AdapterRule):
+    """A rule on adapters whose new model is not a server step on the weighted mean (FLoRA's merge, FlexLoRA's
+    SVD): it overrides `combine`, and its aggregate adds the adapter diagnostics."""
+
+    weighted_mean = False
+
+    def combine(self, inputs: RoundInputs) -> AggregateResult:
+        raise NotImplementedError
+
+    def aggregate(self, inputs: RoundInputs) -> AggregateResult:
+        out = self.combine(inputs)
+        records = self.records(inputs, out.weights.to(inputs.client_params.dtype), out.params)
+        return replace(out, metrics={**out.metrics, **records})
 
 
 def exact_products(inputs: RoundInputs, weights: Tensor) -> list[Tensor]:

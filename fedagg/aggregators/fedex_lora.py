@@ -12,16 +12,14 @@ the averaged factors at its rank (`agg_bits_down`).
 
 from __future__ import annotations
 
-from fedagg.aggregators.adapter_rules import AdapterRule, base_increment, exact_products
+from fedagg.aggregators.adapter_rules import CombinedRule, base_increment, exact_products
 from fedagg.aggregators.base import AggregateResult, measured
 from fedagg.aggregators.inputs import RoundInputs
 from fedagg.models.adapters.layout import AdapterLayout, sent_values
 
 
-class FedExLoRA(AdapterRule):
+class FedExLoRA(CombinedRule):
     """`conf/aggregator/fedex_lora.yaml`: FedIT plus the residual into the base (exact)."""
-
-    weighted_mean = False  # the residual depends on the uploads, not on their mean alone
 
     def combine(self, inputs: RoundInputs) -> AggregateResult:
         weights, metrics = measured(self.client_weights(inputs))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fedagg.aggregators.adapter_rules import AdapterRule, exact_products
+from fedagg.aggregators.adapter_rules import CombinedRule, exact_products
 from fedagg.aggregators.base import AggregateResult, measured
 from fedagg.aggregators.inputs import RoundInputs
 
@@ -29,10 +29,8 @@ def svd_factors(product: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.T
     return b, a
 
 
-class FlexLoRA(AdapterRule):
+class FlexLoRA(CombinedRule):
     """`conf/aggregator/flexlora.yaml`: the full-size weighted ΔW redistributed by SVD at each client's rank."""
-
-    weighted_mean = False
 
     def combine(self, inputs: RoundInputs) -> AggregateResult:
         weights, metrics = measured(self.client_weights(inputs))

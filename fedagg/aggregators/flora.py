@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from fedagg.aggregators.adapter_rules import AdapterRule, base_increment, exact_products
+from fedagg.aggregators.adapter_rules import CombinedRule, base_increment, exact_products
 from fedagg.aggregators.base import AggregateResult, measured
 from fedagg.aggregators.inputs import RoundInputs
 from fedagg.models.adapters.layout import AdapterLayout, sent_values
@@ -23,10 +23,8 @@ from fedagg.models.adapters.lora import initial_a
 from fedagg.seeding import generator
 
 
-class FLoRA(AdapterRule):
+class FLoRA(CombinedRule):
     """`conf/aggregator/flora.yaml`: exact aggregation by stacking; the base absorbs the product each round."""
-
-    weighted_mean = False  # the new model is not a mean of the uploads
 
     def combine(self, inputs: RoundInputs) -> AggregateResult:
         weights, metrics = measured(self.client_weights(inputs))
@@ -39,11 +37,10 @@ class FLoRA(AdapterRule):
             fresh[pair.a] = initial_a(layout.rank, pair.k, gen).reshape(-1).to(fresh)
         return AggregateResult(fresh, weights, metrics=metrics, base_update=merged)
 
-    def effective_rank(self, inputs: RoundInputs, out: AggregateResult) -> float:
+    def effective_rank(self, inputs: RoundInputs, weights: torch.Tensor, params: torch.Tensor) -> float:
         """The merged product's rank (the new adapters are zero)."""
-        layout = inputs.layout.adapters
-        ranks = [int(torch.linalg.matrix_rank(m)) for m in exact_products(inputs, out.weights)]
-        return sum(ranks) / len(ranks) if layout.pairs else 0.0
+        ranks = [int(torch.linalg.matrix_rank(m)) for m in exact_products(inputs, weights)]
+        return sum(ranks) / len(ranks)
 
     def down_values(self, layout: AdapterLayout, rank: int, ranks: list[int]) -> int:
         return sum(sent_values(layout, r) for r in ranks)  # every participant's factors, stacked

@@ -17,7 +17,7 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from fedagg.aggregators.adapter_rules import AdapterRule
+from fedagg.aggregators.adapter_rules import CombinedRule
 from fedagg.aggregators.base import AggregateResult, measured
 from fedagg.aggregators.inputs import Needs, RoundInputs
 from fedagg.clients.objectives import Objective
@@ -74,10 +74,8 @@ def tail_norm(layout: AdapterLayout, flat: Tensor, keep: int, rank: int) -> floa
     return float(total.sqrt())
 
 
-class HetLoRA(AdapterRule):
+class HetLoRA(CombinedRule):
     """`conf/aggregator/hetlora.yaml`: zero-padded factors, sparsity-weighted, with rank self-pruning."""
-
-    weighted_mean = False  # the weights depend on the uploads
 
     @checked("aggregator.")
     def __init__(self, decay: Annotated[float, Range(gt=0, le=1)] = 0.99, client: HetLoRAClient | None = None) -> None:
