@@ -64,8 +64,14 @@ class AdapterRule(Aggregator):
     def effective_rank(self, inputs: RoundInputs, weights: Tensor, params: Tensor) -> float:
         """Numerical rank of the new global B A, averaged over the adapted layers."""
         layout = inputs.layout.adapters
-        ranks = [int(torch.linalg.matrix_rank(layout.products(params, pair, inputs.base))) for pair in layout.pairs]
-        return sum(ranks) / len(ranks)
+        return mean_rank([layout.products(params, pair, inputs.base) for pair in layout.pairs])
+
+
+def mean_rank(matrices: list[Tensor]) -> float:
+    """The numerical ranks' mean; NaN when a matrix is not finite (a diverged round: the run says so)."""
+    if not all(bool(torch.isfinite(m).all()) for m in matrices):
+        return float("nan")
+    return sum(int(torch.linalg.matrix_rank(m)) for m in matrices) / len(matrices)
 
 
 class CombinedRule(AdapterRule):

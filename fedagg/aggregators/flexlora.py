@@ -21,6 +21,9 @@ from fedagg.aggregators.inputs import RoundInputs
 def svd_factors(product: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(B [d, rank], A [rank, k]) with B A the best rank-`rank` approximation of `product` [d, k] (zero columns
     and rows past its size); B = U Σ^{1/2}, A = Σ^{1/2} Vᵀ."""
+    if not bool(torch.isfinite(product).all()):  # diverged uploads: the round's model is not finite either
+        nan = float("nan")
+        return product.new_full((product.shape[0], rank), nan), product.new_full((rank, product.shape[1]), nan)
     u, s, vh = torch.linalg.svd(product, full_matrices=False)
     root = s[:rank].sqrt()
     b, a = product.new_zeros(product.shape[0], rank), product.new_zeros(rank, product.shape[1])

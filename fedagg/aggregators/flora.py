@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from fedagg.aggregators.adapter_rules import CombinedRule, base_increment, exact_products
+from fedagg.aggregators.adapter_rules import CombinedRule, base_increment, exact_products, mean_rank
 from fedagg.aggregators.base import AggregateResult, measured
 from fedagg.aggregators.inputs import RoundInputs
 from fedagg.models.adapters.layout import AdapterLayout, sent_values
@@ -39,8 +39,7 @@ class FLoRA(CombinedRule):
 
     def effective_rank(self, inputs: RoundInputs, weights: torch.Tensor, params: torch.Tensor) -> float:
         """The merged product's rank (the new adapters are zero)."""
-        ranks = [int(torch.linalg.matrix_rank(m)) for m in exact_products(inputs, weights)]
-        return sum(ranks) / len(ranks)
+        return mean_rank(exact_products(inputs, weights))
 
     def down_values(self, layout: AdapterLayout, rank: int, ranks: list[int]) -> int:
         return sum(sent_values(layout, r) for r in ranks)  # every participant's factors, stacked

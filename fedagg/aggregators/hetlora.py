@@ -86,11 +86,12 @@ class HetLoRA(CombinedRule):
         self.tails: dict[int, float] = {}  # client id -> its tail norm the last time it trained
 
     def client_weights(self, inputs: RoundInputs) -> Tensor:
-        """p_k ∝ ‖B_k A_k‖_F (all layers); uniform while every product is zero."""
+        """p_k ∝ ‖B_k A_k‖_F (all layers); uniform while every product is zero, or when one is not finite (the
+        round then diverges, and the weights stay a distribution)."""
         layout = inputs.layout.adapters
         norms = sum(layout.products(inputs.client_params, pair, inputs.base).square().sum((-2, -1))
                     for pair in layout.pairs).sqrt()
-        if not bool((norms > 0).any()):
+        if not bool((norms > 0).any()) or not bool(torch.isfinite(norms.sum())):
             return torch.full_like(norms, 1.0 / norms.numel())
         return norms / norms.sum()
 
