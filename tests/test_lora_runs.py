@@ -124,3 +124,16 @@ def test_bad_adapter_settings_are_one_line_before_any_training(tmp_path, overrid
         run_experiment(["rounds=1", "device=cpu", *overrides], tmp_path)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
     assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_adapter_runs_stacked_in_a_sweep_equal_each_run_alone(tmp_path):
+    from tests.test_drivers import _in_step, assert_same_run
+
+    common = ["engine=parallel", "device=cpu", "num_clients=5", "rounds=2", "adapter=lora", "adapter.ranks=[2,4,4,3,2]"]
+    runs = [["aggregator=flora", "seed=0"], ["aggregator=fedsa_lora", "seed=1"], ["aggregator=flora", "seed=2"]]
+    for k, run in enumerate(runs):
+        assert train(compose_config(*common, *run), tmp_path / "alone" / str(k))["status"] == "completed"
+    outcomes, _, _ = _in_step(tmp_path / "stacked", [compose_config(*common, *run) for run in runs])
+    assert [o["status"] for o in outcomes] == ["completed"] * len(runs)
+    for k in range(len(runs)):  # each run's own base (FLoRA changes it), trained together with the others'
+        assert_same_run(tmp_path / "stacked" / str(k), tmp_path / "alone" / str(k))
