@@ -295,3 +295,24 @@ def test_fedsa_lora_clients_start_from_their_own_b():
     never, _ = rule.client.start(5, glob, torch.zeros(0))
     assert torch.equal(own[b], trained[b]) and torch.equal(own[~b], glob[~b])
     assert bool((never[b] == 0).all())  # the initial B
+
+
+def test_a_tied_weight_is_frozen_once_in_every_module_that_shares_it():
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.head = nn.Embedding(5, 3), nn.Linear(3, 5, bias=False)
+            self.head.weight = self.embed.weight  # a language model's tied input and output embedding
+
+        def forward(self, x):
+            return self.head(self.embed(x))
+
+    torch.manual_seed(0)
+    model = Tied()
+    x = torch.tensor([[0, 3, 4]])
+    before = model(x)
+    held = LoRA(rank=1).apply(model, 2, 0)
+    assert [n.rsplit(".", 1)[1] for n, _ in model.named_parameters()] == ["A", "B"]  # nothing of the base trains
+    assert held.base.numel == 15 and model.embed.weight is model.head.parametrizations.weight.original
+    torch.testing.assert_close(model(x), before, rtol=0, atol=0)
+    assert set(held.model_state(model)) == {"embed.weight", "head.weight"}

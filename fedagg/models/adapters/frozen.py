@@ -18,9 +18,10 @@ from torch import Tensor, nn
 class FrozenBase:
     """The frozen tensors of a model, in a fixed order, as one flat vector [Q] to read, add to and restore."""
 
-    def __init__(self, owners: list[tuple[nn.Module, str, str]]) -> None:
+    def __init__(self, owners: list[tuple[nn.Module, str, str]], aliases: dict[str, str] | None = None) -> None:
         self.owners = owners  # (module, attribute, full name)
         self.names = tuple(full for _, _, full in owners)
+        self.aliases = aliases or {}  # another name of a tied tensor -> the name it is held under
         self.offsets = [0]
         for module, attr, _ in owners:
             self.offsets.append(self.offsets[-1] + getattr(module, attr).numel())
@@ -38,7 +39,7 @@ class FrozenBase:
         return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
 
     def slice_of(self, name: str) -> slice:
-        i = self.names.index(name)
+        i = self.names.index(self.aliases.get(name, name))
         return slice(self.offsets[i], self.offsets[i + 1])
 
     def add_(self, delta: Tensor) -> None:
@@ -57,16 +58,20 @@ class FrozenBase:
 def freeze(model: nn.Module, keep: set[int]) -> FrozenBase:
     """Turn every parameter of `model` whose id is not in `keep` into a plain tensor of its module (see the module
     docstring), in the order of `model.named_parameters()`; returns them as the model's base."""
-    owners = []
-    for full, param in list(model.named_parameters()):
+    owners, frozen, first, aliases = [], {}, {}, {}  # frozen: id -> its plain tensor (a tied one frozen once, shared)
+    for full, param in list(model.named_parameters(remove_duplicate=False)):
         if id(param) in keep:
             continue
         path, _, attr = full.rpartition(".")
         module = model.get_submodule(path)
         del module._parameters[attr]
-        object.__setattr__(module, attr, param.detach().requires_grad_(False))
-        owners.append((module, attr, full))
-    return FrozenBase(owners)
+        if id(param) not in frozen:  # the base vector holds a tied weight once, under its first name
+            frozen[id(param)], first[id(param)] = param.detach().requires_grad_(False), full
+            owners.append((module, attr, full))
+        else:
+            aliases[full] = first[id(param)]
+        object.__setattr__(module, attr, frozen[id(param)])
+    return FrozenBase(owners, aliases)
 
 
 def plain_tensors(model: nn.Module) -> list[Tensor]:

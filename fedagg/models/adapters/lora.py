@@ -87,12 +87,13 @@ class Adapters:
             return {k: v.detach().cpu() for k, v in model.state_dict().items()}
         state = {}
         with torch.no_grad():
-            for module, attr, full in self.base.owners:
+            for full in (*self.base.names, *self.base.aliases):  # a tied weight under each of its names
+                path, _, attr = full.rpartition(".")
                 if full.endswith(".parametrizations.weight.original"):
                     path = full.removesuffix(".parametrizations.weight.original")
                     state[f"{path}.weight"] = model.get_submodule(path).weight.detach().cpu()
                 elif ".parametrizations." not in full:  # a frozen A (FFA-LoRA) is part of the merged weight
-                    state[full] = getattr(module, attr).detach().cpu()
+                    state[full] = getattr(model.get_submodule(path), attr).detach().cpu()
             state.update({k: v.detach().cpu() for k, v in model.named_buffers()})
         return state
 
