@@ -130,7 +130,7 @@ class Federation:
             global_label_hist=self.hist.sum(0) if needs.label_hist else None,
             server=server, local_steps=steps if needs.local_steps else None,
             local_lr=LR if needs.local_steps else None, local_solver=SOLVER if needs.local_steps else None,
-            payloads=payloads, base=self.base if needs.adapters else None, **arrivals,
+            payloads=payloads, base=self.base if needs.frozen_a else None, **arrivals,
         )
 
 

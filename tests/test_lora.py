@@ -60,7 +60,8 @@ def inputs_for(model, held, clients, num_samples, ids=None, global_params=None):
     ids = torch.arange(k) if ids is None else ids
     return RoundInputs(global_params=get_params(model) if global_params is None else global_params,
                        client_params=clients, num_samples=torch.tensor(num_samples), client_ids=ids, round=1,
-                       layout=layout, all_num_samples=torch.tensor(num_samples), base=held.base.vector())
+                       layout=layout, all_num_samples=torch.tensor(num_samples),
+                       base=held.base.vector() if held.layout.pairs[0].a is None else None)  # as the round gives it
 
 
 def client_factors(held, k, seed=1):

@@ -1,8 +1,8 @@
 """What the rules on low-rank adapters (`adapter=lora`) share: the declaration, the round's records, factor helpers.
 
 A rule reads where each layer's A and B sit, the padded rank R, the scale s and every client's rank from
-`inputs.layout.adapters` (fedagg.models.adapters.layout), and the frozen base from `inputs.base`. What it
-adds to the base it returns in `AggregateResult.base_update`; the round applies it.
+`inputs.layout.adapters` (fedagg.models.adapters.layout), and a frozen A from `inputs.base` (FFA-LoRA). What
+it adds to the base it returns in `AggregateResult.base_update` [Q]; the round applies it.
 
 Every such rule records, per round (`agg_<name>` columns of metrics.csv):
 - `error`: the aggregation error ‖Σ p_k B_k A_k − (Σ p_k B_k)(Σ p_k A_k)‖_F / ‖Σ p_k B_k A_k‖_F over all adapted
@@ -98,7 +98,7 @@ def exact_products(inputs: RoundInputs, weights: Tensor) -> list[Tensor]:
 def base_increment(inputs: RoundInputs, products: list[Tensor]) -> Tensor:
     """[Q] the base update that adds s · products[l] to each adapted layer's weight (zero elsewhere)."""
     layout = inputs.layout.adapters
-    update = inputs.base.new_zeros(layout.base_size)
+    update = inputs.global_params.new_zeros(layout.base_size)
     for pair, product in zip(layout.pairs, products):
         update[pair.base] = (layout.scale * product).reshape(-1).to(update.dtype)
     return update

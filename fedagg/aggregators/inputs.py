@@ -132,7 +132,7 @@ class RoundInputs:
     # the upload channel's server side (DP's noise, a compressor's decoding): what the weighted mean update
     # sum_k p_k Delta_k becomes before the server step (the base `Aggregator.aggregate` applies it); None: as it is
     on_mean: Callable[[Tensor], Tensor] | None = None
-    base: Tensor | None = None  # [Q] the frozen base under the adapters (adapter=lora), Needs.adapters
+    base: Tensor | None = None  # [Q] the frozen base under the adapters (adapter=lora), Needs.frozen_a
 
     def __post_init__(self) -> None:
         if self.start_params is None:

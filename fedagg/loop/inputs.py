@@ -109,5 +109,6 @@ class InputsProvider:
             start_params=start_params,
             staleness=staleness,
             on_mean=on_mean,
-            base=self.adapters.base.vector().to(params.device) if needs.adapters else None,
+            # a copy of the base only where a rule reads its values (FFA-LoRA's frozen A): it can be most of the memory
+            base=self.adapters.base.vector().to(params.device) if needs.frozen_a else None,
         )
