@@ -8,6 +8,8 @@ Transcriptions of released code (torch on the same tensors, as the code computes
   the product is the same); main.py:390-391 merges the stacked adapter into the base.
 - FedEx-LoRA, RaghavSinghal10/fedex-lora@683a3f3:fed_agg.py:86-114: M = mean_k B_k A_k, residue = M − mean B mean A,
   base += scaling · residue (uniform means: `weighting=uniform`; the paper's p_k = n_k / n is the default).
+- FedSA-LoRA, Pengxin-Guo/FedSA-LoRA@fc276b5:federatedscope/llm/yamls/fedsa-lora.yaml:16 lists lora_B as a
+  `local_param`: never averaged into a client's model, which keeps its own.
 FFA-LoRA, FlexLoRA and HetLoRA are checked against the papers' equations (no released code was read).
 """
 

@@ -7,6 +7,7 @@ test_an_interrupted_run_resumes_bit_for_bit, which runs them with adapter=lora.)
 from __future__ import annotations
 
 import csv
+import math
 import shlex
 from pathlib import Path
 
@@ -137,3 +138,17 @@ def test_adapter_runs_stacked_in_a_sweep_equal_each_run_alone(tmp_path):
     assert [o["status"] for o in outcomes] == ["completed"] * len(runs)
     for k in range(len(runs)):  # each run's own base (FLoRA changes it), trained together with the others'
         assert_same_run(tmp_path / "stacked" / str(k), tmp_path / "alone" / str(k))
+
+
+def test_compression_and_privacy_act_on_the_adapters_alone(tmp_path):
+    """channel=[topk,dp] on FedIT: top-k keeps ⌈0.01 P⌉ of the adapters' P = 808 values (rank 4 on the digits MLP:
+    4 (64 + 64) + 4 (10 + 64)), each with its ⌈log2 P⌉-bit index; DP's ε is the one the same sampling and noise
+    give any model (a run of the whole model with the same channel)."""
+    common = ["rounds=2", "device=cpu", "num_clients=5", "channel=[topk,dp]", "checkpoint_every=0"]
+    train(compose_config(*common, "adapter=lora", "aggregator=fedit"), tmp_path / "lora")
+    train(compose_config(*common, "aggregator=fedavg"), tmp_path / "whole")
+    lora, whole = _rows(tmp_path / "lora" / "metrics.csv"), _rows(tmp_path / "whole" / "metrics.csv")
+    p = 4 * (64 + 64) + 4 * (10 + 64)
+    assert all(int(r["bits_up"]) == 5 * math.ceil(0.01 * p) * (32 + math.ceil(math.log2(p))) for r in lora)
+    assert [r["dp_epsilon"] for r in lora] == [r["dp_epsilon"] for r in whole]
+    assert all(math.isfinite(float(r["dp_epsilon"])) for r in lora)
