@@ -204,7 +204,7 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
     log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s%s", fed.data.name,
              fed.partition["total"], fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
              num_params, summary_base["device"], f" ({model_note})" if model_note else "")
-    for note in [weighting_note, *fed.channel.notes()]:
+    for note in [fed.adapters.line, weighting_note, *fed.channel.notes()]:
         if note:
             log.info("%s", note)
     threads.apply(cfg.threads, num_params, concurrent_jobs)

@@ -10,12 +10,13 @@ from fedagg.aggregators.base import Aggregator
 from fedagg.clients.trainer import LocalSGD
 from fedagg.attacks.base import Attack
 from fedagg.channel import Channel
+from fedagg.models.adapters import NoAdapter
 from fedagg.system.base import System
 from fedagg.sampling.base import Sampler
 from fedagg.tracking.base import Tracker
 
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack", "channel",
-          "sampler", "server")
+          "sampler", "server", "adapter")
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 
 
@@ -50,6 +51,8 @@ def test_option_composes_and_instantiates(group, option):
     elif group == "channel":
         # `attack` names only the attack's place, which every chain has
         assert isinstance(obj, Channel) and len(obj.stages) == (option not in ("none", "attack"))
+    elif group == "adapter":
+        assert isinstance(obj, NoAdapter) and (type(obj) is NoAdapter) == (option == "none")
     elif group == "server":
         assert obj.asynchronous == (option == "async") and callable(obj.drive)
     elif group in ("dataset", "partition"):
