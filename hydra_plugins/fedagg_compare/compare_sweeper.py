@@ -198,6 +198,10 @@ class CompareSweeper(Sweeper):
     def trial_score(run_dir: Path) -> float | None:
         path = run_dir / "summary.json"
         summary = json.loads(path.read_text()) if path.exists() else {"status": "not started"}
+        if summary["status"] == "failed":  # the same command would fail alike: the error says what to change
+            log.error("tuning stopped: trial %s failed with the error above; once that is fixed, the same command with "
+                      "the same hydra.sweep.dir continues the comparison", run_dir)
+            return None
         if summary["status"] not in ("completed", "diverged"):
             log.error("trial %s: %s; its trial stays open: the same command with the same hydra.sweep.dir continues "
                       "it", run_dir, summary["status"])
