@@ -153,8 +153,8 @@ def write_report(folder: Path, protocol: Protocol, spaces: dict[str, list[Param]
     trials = f"{p.budget} trials each" + (f" (but {', '.join(fewer)}: nothing left to tune)" if fewer else "")
     if fixed := sorted({q.key for m in p.methods for q in spaces.get(m, []) if q.fixed}):
         trials += f"; fixed by the command line, not tuned: {', '.join(fixed)}"
-    what = (f"Methods {', '.join(names.get(m, m) for m in p.methods)}; {trials} (the same sampler, seed "
-            f"{p.sampler_seed}), on tuning seeds {list(p.tune_seeds)}, scored on "
+    what = (f"Methods {', '.join(names.get(m, m) for m in p.methods)}; {trials} (the same design for every method: its "
+            f"defaults first, then points of a scrambled Sobol sequence, seed {p.sampler_seed}, in its own ranges), on tuning seeds {list(p.tune_seeds)}, scored on "
             + ("the clients' validation splits (client.val_frac" if p.validation == "split" else
                f"held-out clients ({p.held_out:.0%} of the clients, never trained on, in every run")
             + f"; the test set is never read while tuning) by the mean validation accuracy of the last ceil(R/10) "
