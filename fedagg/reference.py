@@ -48,6 +48,8 @@ class Option:
 def for_readers(text: str) -> str:
     """Comments written for the developers name local copies of the papers (`x.txt`): the site says "the paper"."""
     text = re.sub(r"\(?\b[\w.-]+\.txt\b\)?", "the paper", text)
+    text = re.sub(r"\.\./shared/[\w./-]*\w", "fedagg's notes on the papers' settings", text)  # not in a clone
+    text = text.replace("SPEC.md", "fedagg's design")
     text = re.sub(r';?\s*SPEC "[^"]*"', "", text)  # the developers' design notes, which the site does not carry
     return re.sub(r"\bSPEC\b", "fedagg's design", text)
 
@@ -153,7 +155,7 @@ def _node_entries(node: dict, prefix: str, comments: dict[str, str]) -> list[Ent
             accepted, meaning = "a string", comments.get(dotted) or "the method's name in tables, figures and W&B"
         else:
             meaning = comments.get(dotted, "")
-        entries.append(Entry(dotted, _shown(value), accepted, for_readers(meaning)))
+        entries.append(Entry(dotted, for_readers(_shown(value)), accepted, for_readers(meaning)))
     return entries
 
 
