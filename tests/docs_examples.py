@@ -174,6 +174,9 @@ def run_lines(block: Block, variables: dict | None = None) -> list[str]:
     for name, value in re.findall(r'^([A-Z_][A-Z0-9_]*)="([^"]*)"\s*$', code, re.M | re.S):
         variables[name] = " ".join(value.split())
     code = re.sub(r'^[A-Z_][A-Z0-9_]*="[^"]*"\s*$', "", code, flags=re.M | re.S)
+    for name, value in re.findall(r"^([A-Z_][A-Z0-9_]*)=(\S+)\s*$", code, re.M):  # R=aggregator=a,b
+        variables[name] = value
+    code = re.sub(r"^[A-Z_][A-Z0-9_]*=\S+\s*$", "", code, flags=re.M)
     out = []
     for line in commands(code):
         line = re.sub(r"\$\{?([A-Z_][A-Z0-9_]*)\}?", lambda m: variables.get(m.group(1), m.group(0)), line)
