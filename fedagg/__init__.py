@@ -2,7 +2,8 @@
 
 The public API: `Aggregator` (FedAvg semantics; a method overrides one step) and the
 `AggregateResult` its `aggregate` returns, the
-`RoundInputs` it receives and the `Needs` it declares, the constraints a constructor states in
+`RoundInputs` it receives and the `Needs` it declares; `Objective` (a client method: a term of the local loss),
+the `Sees` it declares and the `Seen` it receives; the constraints a constructor states in
 its signature (`Range`, `Items`, `Flag`, and `checked` to enforce them when it is built from
 Python; `Tune`, the range `python -m fedagg.compare` searches), and `run_experiment`, which runs what `python -m fedagg.run` runs and returns the
 run's summary.
@@ -17,15 +18,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fedagg.aggregators.base import AggregateResult, Aggregator, FedAvg
     from fedagg.aggregators.inputs import Needs, RoundInputs, ServerData
+    from fedagg.clients.objectives import Objective, Seen, Sees
     from fedagg.config.constraints import Flag, Items, Range, Tune, checked
 
 __version__ = "0.1.0"
-__all__ = ["AggregateResult", "Aggregator", "FedAvg", "Flag", "Items", "Needs", "Range", "RoundInputs", "ServerData",
-           "Tune", "checked", "run_experiment"]
+__all__ = ["AggregateResult", "Aggregator", "FedAvg", "Flag", "Items", "Needs", "Objective", "Range", "RoundInputs",
+           "Seen", "Sees", "ServerData", "Tune", "checked", "run_experiment"]
 # imported when first asked for: `python -m fedagg.run` imports this package before its own first line, which starts
 # partition.png's drawing process before torch is imported (fedagg/data/painter.py)
 _WHERE = {**dict.fromkeys(["AggregateResult", "Aggregator", "FedAvg"], "fedagg.aggregators.base"),
           **dict.fromkeys(["Needs", "RoundInputs", "ServerData"], "fedagg.aggregators.inputs"),
+          **dict.fromkeys(["Objective", "Seen", "Sees"], "fedagg.clients.objectives"),
           **dict.fromkeys(["Flag", "Items", "Range", "Tune", "checked"], "fedagg.config.constraints")}
 
 

@@ -204,7 +204,7 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
     log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s%s", fed.data.name,
              fed.partition["total"], fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
              num_params, summary_base["device"], f" ({model_note})" if model_note else "")
-    for note in [weighting_note, *fed.channel.notes()]:
+    for note in [fed.adapters.line, weighting_note, *fed.channel.notes()]:
         if note:
             log.info("%s", note)
     threads.apply(cfg.threads, num_params, concurrent_jobs)
@@ -227,6 +227,12 @@ def report(summary: dict, run_dir: Path) -> None:
                  summary["rounds_completed"], run_dir)
 
 
+def _sweep_job() -> bool:
+    """Whether this run is one job of a sweep: there, resume=true on a folder with nothing in it is the normal start of
+    a job (a comparison sets it for each of its runs), not worth a line each."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summary_base: dict,
              held: str | None) -> RoundLoop:
     """Everything that can reject the configuration, before any data is loaded; then the folder (`held`: the
@@ -244,7 +250,7 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
         raise FolderHeld(f"{run_dir} holds {held}; nothing was changed: continue it with resume=true, keep it with "
                          "another hydra.run.dir or hydra.sweep.dir, or replace it with overwrite=true")
     checkpoint = load_checkpoint(run_dir, device) if cfg.resume else None
-    if cfg.resume and checkpoint is None:
+    if cfg.resume and checkpoint is None and (held is not None or not _sweep_job()):
         log.info("resume=true but %s has no checkpoint yet: starting from round 1", run_dir)
     if checkpoint is not None and (changed := _changed_keys(checkpoint["summary"]["config"], config)):
         raise FolderHeld(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "

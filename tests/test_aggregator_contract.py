@@ -13,6 +13,7 @@ import io
 import math
 import os
 import signal
+from dataclasses import replace
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from fedagg import Aggregator, RoundInputs, ServerData
 from fedagg.aggregators.inputs import ClientSetup
 from fedagg.clients.objectives import LocalWork
 from fedagg.clients.trainer import LocalSolver
+from fedagg.models.adapters import LoRA
 from fedagg.models.flat import ParamLayout, get_buffers, get_params
 from fedagg.run import train
 
@@ -35,6 +37,7 @@ ROUNDS = [[0, 2, 5, 6], [5, 1, 2], [3, 6, 0, 4, 1]]  # partial participation: wh
 ONE_AT_A_TIME = [[2], [5], [2]]
 ASYNC_RUN = ["server=async", "clock=lognormal", "server.concurrency=6"]  # what such a rule runs with
 NEEDS_MODEL = {"fedbn": ["model=cnn_bn"]}  # a method that refuses the default MLP: the model it needs
+ADAPTER_RUN = ["adapter=lora", "adapter.rank_choices=[2,3,4]"]  # what a rule on low-rank adapters runs with
 LR, SOLVER = 0.05, LocalSolver(momentum=0.0, nesterov=False, weight_decay=0.0, proximal_mu=0.0, keeps_momentum=False)
 
 
@@ -58,20 +61,26 @@ def rounds_of(agg: Aggregator) -> list[list[int]]:
 
 
 def run_overrides(name: str) -> list[str]:
-    """What a run of the rule needs beside the common settings: the asynchronous server, or nothing."""
-    return ASYNC_RUN if make(name).asynchronous else ["clients_per_round=6"]
+    """What a run of the rule needs beside the common settings: the asynchronous server, adapters, or nothing."""
+    agg = make(name)
+    return ASYNC_RUN if agg.asynchronous else ["clients_per_round=6", *(ADAPTER_RUN if agg.needs.adapters else [])]
 
 
 class Federation:
     """Seeded client models for ROUNDS (an asynchronous rule's: also their start models and staleness), and the
     declared extras a provider would give."""
 
-    def __init__(self, seed: int = 0, rounds: list[list[int]] = ROUNDS) -> None:
+    def __init__(self, seed: int = 0, rounds: list[list[int]] = ROUNDS, adapters: bool = False,
+                 frozen_a: bool = False) -> None:
         self.rounds = rounds
         g = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         self.model = Net()
-        self.layout = ParamLayout.of(self.model)
+        self.layout, self.base = ParamLayout.of(self.model), None
+        if adapters:  # a rule on low-rank adapters: the model's adapters (unequal ranks, padded to 3) and its base
+            held = LoRA(rank=2, ranks=[1, 3, 2, 3, 1, 2, 3]).apply(self.model, NUM_CLIENTS, seed, frozen_a)
+            self.layout = replace(ParamLayout.of(self.model), adapters=held.layout)
+            self.base = held.base.vector()
         self.w0 = get_params(self.model)
         p = self.w0.numel()
         self.deltas = [0.1 * torch.randn(len(ids), p, generator=g) for ids in rounds]
@@ -121,8 +130,12 @@ class Federation:
             global_label_hist=self.hist.sum(0) if needs.label_hist else None,
             server=server, local_steps=steps if needs.local_steps else None,
             local_lr=LR if needs.local_steps else None, local_solver=SOLVER if needs.local_steps else None,
-            payloads=payloads, **arrivals,
+            payloads=payloads, base=self.base if needs.frozen_a else None, **arrivals,
         )
+
+
+def federation_for(agg: Aggregator) -> Federation:
+    return Federation(rounds=rounds_of(agg), adapters=agg.needs.adapters, frozen_a=agg.needs.frozen_a)
 
 
 def run_rounds(agg: Aggregator, fed: Federation, rounds, orders=None):
@@ -156,7 +169,7 @@ def test_yaml_instantiates_with_the_constructors_defaults(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_weights_are_a_distribution_and_diagnostics_finite(name):
     agg = make(name)
-    fed = Federation(rounds=rounds_of(agg))
+    fed = federation_for(agg)
     for (w, weights, diagnostics, res), ids in zip(run_rounds(agg, fed, range(len(fed.rounds))), fed.rounds):
         assert weights.shape == (len(ids),) and bool((weights >= 0).all())
         assert float(weights.sum()) == pytest.approx(1.0, abs=1e-5)
@@ -168,7 +181,7 @@ def test_weights_are_a_distribution_and_diagnostics_finite(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_clients_are_known_by_id_not_by_position(name):
-    fed = Federation(rounds=rounds_of(make(name)))
+    fed = federation_for(make(name))
     listed = run_rounds(make(name), fed, range(len(fed.rounds)))
     orders = [list(reversed(range(len(ids)))) if r % 2 == 0 or len(ids) < 3 else [1, 2, 0]
               for r, ids in enumerate(fed.rounds)]
@@ -181,7 +194,7 @@ def test_clients_are_known_by_id_not_by_position(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_state_round_trip_through_a_checkpoint_continues_bit_for_bit(name):
     whole = make(name)
-    fed = Federation(rounds=rounds_of(whole))
+    fed = federation_for(whole)
     run_rounds(whole, fed, [0, 1])
     buffer = io.BytesIO()
     torch.save(whole.state_dict(), buffer)
@@ -252,7 +265,7 @@ def test_runs_under_every_attack_and_every_system(tmp_path, name, attack, system
                  f"system={system}", "num_clients=7", "clients_per_round=6", "client.local_epochs=1"]
     if name == "fedlaw":
         overrides.append("aggregator.server_epochs=5")
-    overrides += NEEDS_MODEL.get(name, [])
+    overrides += NEEDS_MODEL.get(name, []) + (ADAPTER_RUN if make(name).needs.adapters else [])
     if make(name).asynchronous:  # on the asynchronous server the clock makes clients slow: no system drops them
         overrides = [*[o for o in overrides if not o.startswith("clients_per_round")], *ASYNC_RUN]
         if system != "availability":

@@ -48,12 +48,16 @@ def test_an_empty_list_is_refused(tmp_path):
                                                "channel=[topk,dp]")
 
 
+OWN_ZIP = ("; an option of your own needs its folder searched: channel/zip.yaml in DIR and hydra.searchpath=[file://DIR] "
+           "on the command line")
+
+
 @pytest.mark.parametrize("argv, line", [
-    (["channel=[topk,zip]"], f"channel=[topk,zip] is not allowed: zip is not a channel option (options: {OPTIONS})"),
+    (["channel=[topk,zip]"], f"channel=[topk,zip] is not allowed: zip is not a channel option (options: {OPTIONS}){OWN_ZIP}"),
     (["channel=[topk,Sign]"],
      f"channel=[topk,Sign] is not allowed: Sign is not a channel option; did you mean sign? (options: {OPTIONS})"),
     (["-m", "channel=none,[topk,zip]"],
-     f"channel=[topk,zip] is not allowed: zip is not a channel option (options: {OPTIONS})"),
+     f"channel=[topk,zip] is not allowed: zip is not a channel option (options: {OPTIONS}){OWN_ZIP}"),
 ])
 def test_an_unknown_name_inside_a_channel_list_is_one_line(argv, line):
     assert explain_composition_error(argv) == line

@@ -10,8 +10,9 @@ from conftest import ROOT
 from fedagg.run import explain_composition_error, run_experiment
 
 OPTIONS = ("abavg, acc_inverse, centered_clip, elastic, ewwa, fedadagrad, fedadam, fedadp, fedams, fedasync, fedavg, "
-           "fedavgm, fedawa, fedawa_l, fedbn, fedbuff, fedcams, feddisco, feddyn, fedexp, fedlaw, fedmomentum, fednnnn, "
-           "fednova, fedyogi, geomed, ida, krum, ldawa, median, multikrum, normnorm, scaffold, trimmed_mean")
+           "fedavgm, fedawa, fedawa_l, fedbn, fedbuff, fedcams, feddisco, feddyn, fedex_lora, fedexp, fedit, fedlaw, "
+           "fedmomentum, fednnnn, fednova, fedsa_lora, fedyogi, ffa_lora, flexlora, flora, geomed, hetlora, ida, krum, "
+           "ldawa, median, multikrum, normnorm, scaffold, trimmed_mean")
 BUCKETED = "aggregator=centered_clip, geomed, krum, median, multikrum, trimmed_mean"
 SWEEP_PLUS = ("aggregator.bucket_size=2 is applied before the sweep picks the aggregator, to aggregator=fedavg, which "
               "has no bucket_size: write ++aggregator.bucket_size=2 to set it in every job")
@@ -23,13 +24,14 @@ SWEEP_PLUS = ("aggregator.bucket_size=2 is applied before the sweep picks the ag
      f"aggregator=Median is not an option; did you mean aggregator=median? (options: {OPTIONS})"),
     (["client/objective=prox"], "client/objective=prox is not an option; did you mean client/objective=fedprox? "
                                 "(options: feddecorr, feddyn, fedlc, fedntd, fedprox, moon, none)"),
-    (["aggregator=zzz"], f"aggregator=zzz is not an option (options: {OPTIONS})"),
+    (["aggregator=zzz"], f"aggregator=zzz is not an option (options: {OPTIONS}); an option of your own needs its folder "
+                         "searched: aggregator/zzz.yaml in DIR and hydra.searchpath=[file://DIR] on the command line"),
     (["aggregator.bucket_sizee=3"], "aggregator.bucket_sizee is not a setting fedagg knows; did you mean "
                                     f"aggregator.bucket_size=3? ({BUCKETED} have it, aggregator=fedavg does not)"),
     (["aggregator=median", "aggregator.bucket_sizee=3"],
      "aggregator.bucket_sizee is not a setting fedagg knows; did you mean aggregator.bucket_size=3?"),
     (["rounds=1", "seeed=1"], "seeed is not a setting fedagg knows; did you mean seed=1?"),
-    (["foo=1"], "foo is not a setting fedagg knows (known keys: aggregator, attack, channel, checkpoint_every, client, "
+    (["foo=1"], "foo is not a setting fedagg knows (known keys: adapter, aggregator, attack, channel, checkpoint_every, client, "
                 "clients_per_round, clock, data, dataset, deterministic, device, engine, eval, eval_every, "
                 "experiment_scale, logger, model, num_clients, overwrite, partition, resume, rounds, sampler, seed, "
                 "server, stop_at_target, system, target_acc, tf32, threads); remove it or correct its name"),

@@ -10,12 +10,13 @@ from fedagg.aggregators.base import Aggregator
 from fedagg.clients.trainer import LocalSGD
 from fedagg.attacks.base import Attack
 from fedagg.channel import Channel
+from fedagg.models.adapters import NoAdapter
 from fedagg.system.base import System
 from fedagg.sampling.base import Sampler
 from fedagg.tracking.base import Tracker
 
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "attack", "channel",
-          "sampler", "server")
+          "sampler", "server", "adapter")
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 
 
@@ -27,10 +28,14 @@ def test_every_group_has_options():
 def test_option_composes_and_instantiates(group, option):
     cfg = compose_config(f"{group}={option}")
     obj = instantiate(cfg[group])
-    if group == "model":
+    if group == "model" and option == "hf":  # names no model until model.name_or_path is given
+        with pytest.raises(ValueError, match=r"^model.name_or_path is not set; give a Hugging Face model name"):
+            obj(num_classes=10, in_channels=3, image_size=32)
+    elif group == "model":
         model = obj(num_classes=10, in_channels=3, image_size=32)
         # a sequence model's input is (length,): its token ids
-        assert isinstance(model, nn.Module) and len(model.input_shape) == (1 if option == "lstm_shakespeare" else 3)
+        sequence = option in ("lstm_shakespeare", "char_decoder", "text_decoder")
+        assert isinstance(model, nn.Module) and len(model.input_shape) == (1 if sequence else 3)
     elif group == "aggregator":
         assert isinstance(obj, Aggregator)
     elif group == "client":
@@ -46,6 +51,8 @@ def test_option_composes_and_instantiates(group, option):
     elif group == "channel":
         # `attack` names only the attack's place, which every chain has
         assert isinstance(obj, Channel) and len(obj.stages) == (option not in ("none", "attack"))
+    elif group == "adapter":
+        assert isinstance(obj, NoAdapter) and (type(obj) is NoAdapter) == (option == "none")
     elif group == "server":
         assert obj.asynchronous == (option == "async") and callable(obj.drive)
     elif group in ("dataset", "partition"):

@@ -49,8 +49,13 @@ CASES = [
     ("resnet18_gn", CIFAR100, {"block": "preact", "stem": "imagenet"}, (3, 32, 32)),
     ("cnn_bn", MNIST, {}, (1, 28, 28)),
     ("cnn_bn", DIGITS, {}, (1, 8, 8)),
+    ("vit_tiny", MNIST, {}, (1, 28, 28)),
+    ("vit_tiny", CIFAR10, {}, (3, 32, 32)),
+    ("vit_tiny", DIGITS, {"input_size": 28}, (1, 28, 28)),
 ]
-SEQUENCE_MODELS = {"lstm_shakespeare"}  # token ids in, logits per position out: tests/test_natural.py
+# token ids in, logits per position out (tests/test_natural.py, tests/test_transformers.py); text_decoder: ids
+# in, classes out, and hf: a checkpoint's (tests/test_hf.py)
+SEQUENCE_MODELS = {"lstm_shakespeare", "char_decoder", "text_decoder", "hf"}
 
 
 def build(name, dataset, **overrides):
@@ -142,7 +147,9 @@ def test_bad_option_raises(name, bad):
 
 
 REPRESENTED = [c for c in CASES if c[2] == {}] + [("lstm_shakespeare", dict(num_classes=12, in_channels=1, image_size=7),
-                                                    {"hidden": 16}, (7,))]
+                                                    {"hidden": 16}, (7,)),
+                                                   ("char_decoder", dict(num_classes=12, in_channels=1, image_size=7),
+                                                    {"dim": 16, "depth": 1}, (7,))]
 
 
 @pytest.mark.parametrize("name,dataset,overrides,shape", REPRESENTED,
@@ -156,13 +163,13 @@ def test_every_backbone_represents_a_batch_as_the_input_of_its_last_linear_layer
     assert isinstance(model, Backbone)
     seen = []
     hook = model.last_layer.register_forward_hook(lambda m, inputs, out: seen.append(inputs[0]))
-    x = (torch.randint(0, dataset["num_classes"], (3, *shape)) if name == "lstm_shakespeare"
+    x = (torch.randint(0, dataset["num_classes"], (3, *shape)) if name in SEQUENCE_MODELS
          else torch.randn(3, *model.input_shape))
     with torch.no_grad():
         out = model.represent(x)
         logits = model(x)
     hook.remove()
-    lead = (3, *shape) if name == "lstm_shakespeare" else (3,)
+    lead = (3, *shape) if name in SEQUENCE_MODELS else (3,)
     assert isinstance(out, Representation)
     assert out.features.shape == (*lead, model.representation_dim)
     assert torch.equal(out.features, seen[0]) and torch.equal(out.logits, logits)

@@ -46,7 +46,8 @@ def test_varying_overrides_become_columns_and_the_long_tables_carry_the_runs_col
     frame = load_sweep(sweep)
     assert list(frame["partition.alpha"]) == ["0.1", "0.1", "1.0"] and "rounds" not in frame  # rounds never varies
     long = load_curves(sweep)
-    assert list(long.columns[:7]) == ["run", "status", "seed", "method", "dataset", "aggregator", "partition.alpha"]
+    assert list(long.columns[:8]) == ["run", "status", "seed", "method", "method_name", "dataset", "aggregator",
+                                     "partition.alpha"]
     assert len(long) == 9 and list(long["round"]) == [1, 2, 3] * 3
     assert long[long["run"] == "2"]["test_acc"].tolist() == pytest.approx([0.3, 0.4, 0.5])
     assert len(load_weights(sweep)) == 6

@@ -48,7 +48,7 @@ def test_a_table_is_data_and_every_rendering_shows_the_same_cells(tmp_path):
     assert (rf"fedprox & \textbf{{93.00 $\pm$ 2.83}} & +2.00 [{ci['ci_low']:+.2f}, {ci['ci_high']:+.2f}] \\"
             .replace("-", "$-$") in latex)
     assert r"fedavg & 91.00 $\pm$ 1.41 & --- \\" in latex
-    assert r"Method & Accuracy (\%) & $\Delta$ [95\% CI] \\" in latex
+    assert r"Method & Acc. (\%) & $\Delta$ [95\% CI] \\" in latex
     assert "over 2 seeds" in latex and "paired difference to fedavg" in latex and "**" not in latex
     html = table.to_html()
     assert "<tr><td>fedprox</td><td>93.00 ± 2.83</td></tr>" in html and "<h5>Paired difference to fedavg</h5>" in html

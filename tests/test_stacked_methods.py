@@ -26,6 +26,8 @@ from fedagg.data.device import shared
 from fedagg.engines import _packed
 from fedagg.engines.base import RoundJob
 from fedagg.engines.parallel import ParallelEngine
+from fedagg.models.adapters import LoRA
+from fedagg.models.adapters.masks import RankMasks
 from fedagg.models.cnns import CNNBN
 from fedagg.models.flat import get_buffers, get_params
 from fedagg.models.simple import MLP
@@ -83,9 +85,11 @@ def _runs(name: str, overrides: dict) -> list[tuple]:
     runs = []
     for i, (sizes, lr) in enumerate(SPECS):
         half, sensitivity = _client_side(name, overrides)
+        adapted = name.startswith("aggregator/") and instantiate(_node(CONF / f"{name}.yaml", overrides)).needs.adapters
         model_cls = MLP
         try:
-            half.setup(MLP(num_classes=10, in_channels=1, image_size=8))
+            if not adapted:  # a rule on adapters (FedSA-LoRA) works with the adapted MLP below
+                half.setup(MLP(num_classes=10, in_channels=1, image_size=8))
         except ValueError:  # a method for models with normalisation layers (FedBN)
             model_cls = CNNBN
         data, clients = _data(model_cls, sizes)
@@ -93,9 +97,12 @@ def _runs(name: str, overrides: dict) -> list[tuple]:
         model = model_cls(num_classes=10, in_channels=1, image_size=8)
         if half.sees.projection_head:
             model.add_projection_head(half.sees.projection_head)
+        # each run its own frozen base, and clients of unequal ranks (ids 10, 11, ...)
+        held = LoRA(rank=2, rank_choices=[1, 2, 3]).apply(model, 16, 3 + i) if adapted else None
         half.setup(model)
         trainer = LocalSGD(lr=lr, momentum=0.5, batch_size=7, local_epochs=2, objective=half)
         trainer.sensitivity = sensitivity
+        trainer.rank_masks = RankMasks.of(held.layout, torch.device("cpu")) if held is not None else None
         runs.append((model, trainer, data, clients, lr, 3 + i, (get_params(model), get_buffers(model))))
     return runs
 

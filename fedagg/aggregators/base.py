@@ -53,6 +53,8 @@ class AggregateResult:
     metrics: the round's diagnostics by name (FedExP's server rate): `agg_<name>` columns of metrics.csv.
     buffers: [B] the new global buffers when the rule makes them itself (FedAsync mixes them with the global
     ones); None: the participants' combined by `weights_for_buffers()`.
+    base_update: [Q] what the rule adds to the frozen base under the adapters (adapter=lora; FLoRA merges the
+    clients' products into it, FedEx-LoRA its residual); None: the base stays as it is.
     """
 
     params: Tensor
@@ -61,6 +63,7 @@ class AggregateResult:
     evaluated: Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     buffers: Tensor | None = None
+    base_update: Tensor | None = None
 
     def weights_for_buffers(self) -> Tensor:
         return self.weights if self.buffer_weights is None else self.buffer_weights

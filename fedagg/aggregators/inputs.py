@@ -47,6 +47,8 @@ class Needs:
     buffers: bool = False  # the global model's buffers (BatchNorm statistics) [B] and the participants' [K, B]
     client_half: Objective | None = None  # the method's client side: a term of the local loss, per-client state, payloads
     sensitivity: Sensitivity | None = None  # each participant's parameter sensitivity, kept during local training
+    adapters: bool = False  # a rule on low-rank adapters (adapter=lora): `layout.adapters` and the frozen base `base`
+    frozen_a: bool = False  # the adapters' A stays at its seeded start, frozen with the base (FFA-LoRA)
 
     def __post_init__(self) -> None:
         if self.val_acc is not None and self.val_acc not in VAL_SOURCES:
@@ -130,6 +132,7 @@ class RoundInputs:
     # the upload channel's server side (DP's noise, a compressor's decoding): what the weighted mean update
     # sum_k p_k Delta_k becomes before the server step (the base `Aggregator.aggregate` applies it); None: as it is
     on_mean: Callable[[Tensor], Tensor] | None = None
+    base: Tensor | None = None  # [Q] the frozen base under the adapters (adapter=lora), Needs.frozen_a
 
     def __post_init__(self) -> None:
         if self.start_params is None:

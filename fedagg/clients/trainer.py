@@ -86,6 +86,8 @@ class LocalSGD:
         self.optimizer_states = ClientStore()  # client id -> flat momentum [P] (keep_optimizer_state)
         self.previous_models = ClientStore()  # client id -> its last trained parameters and buffers [P + B]
         self.sensitivity: Sensitivity | None = None  # set when the aggregator needs it (loop/assembly.py connect)
+        # adapters of unequal client ranks (fedagg.models.adapters.masks.RankMasks); set by loop/assembly.py
+        self.rank_masks = None
         self.sensitivities = ClientStore()  # client id -> its kept sensitivity [P] or [L]
 
     def client_stores(self) -> dict[str, ClientStore]:
@@ -175,10 +177,13 @@ class LocalSGD:
                global_buffers: Tensor) -> tuple[Tensor, Tensor] | None:
         """Where each client starts, [k, P] and [k, B], when its objective gives clients models of their own;
         None: every client starts from the global model."""
-        if not self.objective.personal:
+        if not self.objective.personal and self.rank_masks is None:
             return None
         starts = [self.objective.start(c.id, global_params, global_buffers) for c in clients]
-        return torch.stack([p for p, _ in starts]), torch.stack([b for _, b in starts])
+        params, buffers = torch.stack([p for p, _ in starts]), torch.stack([b for _, b in starts])
+        if self.rank_masks is not None:  # a client of rank r starts from the first r of the padded factors
+            params = self.rank_masks.cut([c.id for c in clients], params)
+        return params, buffers
 
     def tracker(self, params: list[Tensor], clients: list[ClientData]) -> StackedSensitivity | None:
         """The sensitivity of stacked [k, ...] parameters over the round, from each client's kept one (when the

@@ -3,7 +3,8 @@
 the chosen values against their ranges, the confirm table of the tuned methods and of their defaults side by side
 with paired intervals against the baseline and how tuning moved the ranking, every confirm run's value by seed
 (a chosen configuration whose seeds disagree is flagged), the methods' curves, and the time spent. Beside it:
-`table.tex` (the LaTeX table) and `methods.pdf`/`methods.png` (the figure), ready for a paper."""
+`table.tex` (the LaTeX table; on a clock with a target_acc, `table_time.tex`: the time to reach it) and
+`methods.pdf`/`methods.png` (the figure), ready for a paper."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from fedagg.compare.protocol import Protocol, last_rounds, write_atomically  # noqa: E402
 from fedagg.compare.space import Param  # noqa: E402
 from fedagg.results import comparison, render, stats  # noqa: E402
-from fedagg.results.figure import comparison_figure  # noqa: E402
+from fedagg.results.figure import colors, comparison_figure  # noqa: E402
 from fedagg.results.derived import LAST_K, add_derived  # noqa: E402
 from fedagg.results.report import STYLE, image  # noqa: E402
 from fedagg.results.runs import ResultsError  # noqa: E402
@@ -88,10 +89,12 @@ def per_seed_table(values: dict, protocol: Protocol, names: dict[str, str]) -> r
 
 def tuning_curves(selection: list[dict], protocol: Protocol, path: Path, names: dict[str, str]) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
+    palette = colors(protocol.methods)  # each method in its colour of the other figures
     for m in protocol.methods:
         scores = [r["val_score"] for r in sorted((r for r in selection if r["method"] == m), key=lambda r: r["trial"])]
         best = [max(scores[: i + 1]) for i in range(len(scores))]
-        ax.plot(range(1, len(best) + 1), [100 * b for b in best], marker="o", ms=3, label=names.get(m, m))
+        ax.plot(range(1, len(best) + 1), [100 * b for b in best], marker="o", ms=3, label=names.get(m, m),
+                color=palette[m])
     ax.set_xlabel("trials")
     ax.set_ylabel("best validation score so far (%)")
     ax.legend(fontsize=8)
@@ -177,6 +180,10 @@ def write_report(folder: Path, protocol: Protocol, spaces: dict[str, list[Param]
         write_atomically(folder / "table.tex", table.to_latex())
     else:
         sections.append(("Test: tuned and at defaults", f"<p>{html.escape(problem)}</p>"))
+    if any(r.get("target_acc") is not None and "time_to_target" in r for r in runs):  # on a clock, with a target
+        timed = build_table(folder, metric="time_to_target")
+        sections.append(("Time to the target accuracy", timed.to_html()))
+        write_atomically(folder / "table_time.tex", timed.to_latex())
     sections.append(("Every confirm run, by seed", render.Table([per_seed_table(values, p, names)]).to_html()))
     curves = comparison_figure(folder)
     if curves:

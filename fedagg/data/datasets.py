@@ -36,9 +36,10 @@ class DatasetNotFoundError(FileNotFoundError):
 # What a dataset's samples are, and the tensor each split must be (fedagg.data.device prepares each kind):
 # images are normalised and augmented; vectors (Synthetic's features, [N, D, 1, 1]) are used as they are;
 # tokens [N, T + 1] are a sequence and the character after it, the model reading the first T and
-# predicting the last T (next-character targets at every position).
+# predicting the last T (next-character targets at every position); text [N, T] is one token sequence per
+# sample with its class as the label (int64: a tokenizer's ids may pass 255).
 INPUT_KINDS = {"images": (torch.uint8, 4, "uint8 [N, C, H, W]"), "vectors": (torch.float32, 4, "float32 [N, D, 1, 1]"),
-               "tokens": (torch.uint8, 2, "uint8 [N, T + 1]")}
+               "tokens": (torch.uint8, 2, "uint8 [N, T + 1]"), "text": (torch.int64, 2, "int64 [N, T]")}
 
 
 @dataclass
@@ -88,7 +89,7 @@ class DatasetBundle:
 
     @property
     def in_channels(self) -> int:
-        return 1 if self.inputs == "tokens" else self.train_x.shape[1]
+        return 1 if self.inputs in ("tokens", "text") else self.train_x.shape[1]
 
     @property
     def image_size(self) -> int:
@@ -96,6 +97,8 @@ class DatasetBundle:
         model is built for)."""
         if self.crop is not None:
             return self.crop
+        if self.inputs == "text":
+            return self.train_x.shape[1]
         return self.train_x.shape[1] - 1 if self.inputs == "tokens" else self.train_x.shape[2]
 
 

@@ -139,10 +139,10 @@ class DeviceData:
     def prepare(self, x: Tensor, *, augment: bool = False, generator: torch.Generator | None = None) -> Tensor:
         """Stored samples [B, ...] -> the model's input: uint8 images (or float on the x / 255 scale, from
         train_images) -> normalised float of the model's shape; vectors as they are; token rows [B, T + 1] ->
-        their first T tokens as int64."""
+        their first T tokens as int64; text [B, T] as it is."""
         if self.inputs == "tokens":
             return x[..., :-1].long()
-        if self.inputs == "vectors":
+        if self.inputs in ("vectors", "text"):
             return x
         x = x.float().div_(255.0) if x.dtype == torch.uint8 else x
         if augment:

@@ -21,11 +21,18 @@ def _option_line(group: str, value: str, options: list[str], listed: str | None 
     """One line for an option the group does not have; `listed`: the list it was named in (`channel=[topk,zip]`)."""
     lowered = {o.lower(): o for o in options}
     close = [lowered[value.lower()]] if value.lower() in lowered else difflib.get_close_matches(value, options, n=1)
+    own = "" if close else own_option(group, value)  # no typo of a shipped one: perhaps the user's own
     if listed is not None:
         hint = f"; did you mean {close[0]}?" if close else ""
-        return f"{listed} is not allowed: {value} is not a {group} option{hint} (options: {', '.join(options)})"
+        return f"{listed} is not allowed: {value} is not a {group} option{hint} (options: {', '.join(options)}){own}"
     hint = f"; did you mean {group}={close[0]}?" if close else ""
-    return f"{group}={value} is not an option{hint} (options: {', '.join(options)})"
+    return f"{group}={value} is not an option{hint} (options: {', '.join(options)}){own}"
+
+
+def own_option(group: str, value: str) -> str:
+    """What an option of the user's own needs to be found: its YAML in their folder, and that folder searched."""
+    return (f"; an option of your own needs its folder searched: {group}/{value}.yaml in DIR and "
+            "hydra.searchpath=[file://DIR] on the command line")
 
 
 def _named(value) -> list[str]:

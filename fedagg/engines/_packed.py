@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._C._functorch import is_batchedtensor
 
+from fedagg.models.adapters.frozen import plain_tensors
+
 
 CPU_CONV_LOOP = True  # per-client convolutions on the CPU for large batches (see _conv_packed); False: the rule before
 LOOP_MAX_CHANNELS, LOOP_MIN_BATCH = 4, 32  # before: per client only for input layers (few channels) on large batches
@@ -193,7 +195,9 @@ def _packable(module: nn.Module) -> bool:
 
 def pack(model: nn.Module) -> tuple[nn.Module, PackContext]:
     """A copy of `model` sharing its parameters and buffers, with packed layers; and their context."""
-    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    # the frozen base under adapters (plain tensors of the modules) is shared too: held once, and a rule that changes
+    # it in place (FLoRA's merge) changes what the packed copy computes with
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers(), *plain_tensors(model))}
     packed = copy.deepcopy(model, memo)
     ctx = PackContext()
     for module in packed.modules():

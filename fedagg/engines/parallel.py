@@ -30,6 +30,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from fedagg.models.adapters.frozen import plain_tensors
+
 from fedagg.clients.batches import gather
 from fedagg.clients.forward import ClientInputs, RunInputs, buffers_as, call, frozen_call
 from fedagg.clients.forward import rows as client_rows
@@ -50,7 +52,9 @@ log = logging.getLogger(__name__)
 
 
 def _structure(model: nn.Module) -> list:
-    return [(n, t.shape, t.dtype) for n, t in (*model.named_parameters(), *model.named_buffers())]
+    # a frozen base (adapters) is part of what the packed copy computes with: another model's base is another model
+    return [(n, t.shape, t.dtype) for n, t in (*model.named_parameters(), *model.named_buffers())] + \
+        [id(t) for t in plain_tensors(model)]
 
 
 class ParallelEngine(Engine):
@@ -158,6 +162,15 @@ class ParallelEngine(Engine):
         """A round of several runs at once (a stacked sweep: fedagg.loop.drivers.run_in_step): models of one
         structure, each run with its own global weights, clients, data, trainer and learning rate. Every client's
         local training is its own computation, so each result is what `train_round(job)` gives that job alone."""
+        groups = {}  # runs whose models hold frozen bases of their own (adapters) are trained one base at a time
+        for j, job in enumerate(jobs):
+            groups.setdefault(tuple(id(t) for t in plain_tensors(job.model)), []).append(j)
+        if len(groups) > 1:
+            out = [None] * len(jobs)
+            for members in groups.values():
+                for j, res in zip(members, self.train_rounds([jobs[j] for j in members])):
+                    out[j] = res
+            return out
         # what the model draws from torch's global generator (dropout's masks, for every client at once) comes from
         # a stream of the first run's seed and the round: a run's seed determines it, whatever ran before
         with global_rng(stream_seed(jobs[0].seed, "stacked_training_draws", jobs[0].round, len(jobs)),

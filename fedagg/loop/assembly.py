@@ -27,6 +27,8 @@ from fedagg.loop.inputs import check_needs
 from fedagg.loop.server import Synchronous
 from fedagg.config.settings import Settings
 from fedagg.loop.splits import build_model, hold_out_server_split, make_clients, shrink
+from fedagg.models.adapters import NoAdapter
+from fedagg.models.adapters.masks import RankMasks
 from fedagg.models.base import Backbone
 
 DEFAULT_VAL_FRAC, DEFAULT_TEST_FRAC = 0.1, 0.2
@@ -45,6 +47,8 @@ def connect(parts: Parts, settings: Settings) -> None:
         trainer.objective = half
     trainer.sensitivity = parts.aggregator.needs.sensitivity  # measured during local training when declared
     parts.aggregator.check_clients(ClientSetup(trainer.solver(), settings.num_clients, settings.per_round))
+    check_adapters(parts)
+    parts.adapter.check(settings.num_clients)
     parts.engine.check(trainer)
     parts.system.check(trainer.local_epochs)
     parts.server = parts.server or Synchronous()  # rounds unless the server group says otherwise
@@ -68,6 +72,14 @@ def connect(parts: Parts, settings: Settings) -> None:
         log.warning("attack.fraction=%g corrupts nobody with num_clients=%d (floor(%g * %d) = 0): the run has no "
                     "attacker; a fraction of at least %.3g corrupts one client", fraction, settings.num_clients,
                     fraction, settings.num_clients, 1 / settings.num_clients)
+
+
+def check_adapters(parts: Parts) -> None:
+    """Refuse a rule on low-rank adapters without them (it reads the factors' places from the layout)."""
+    if parts.aggregator.needs.adapters and type(parts.adapter) is NoAdapter:
+        chosen = parts.choices.get("aggregator") or type(parts.aggregator).__name__
+        raise ValueError(f"aggregator={chosen} combines low-rank adapters, but adapter=none trains the whole model; "
+                         "set adapter=lora, or choose a rule for whole models (fedavg, ...)")
 
 
 def describe(aggregator: Aggregator, chosen: str | None = None) -> Rule:
@@ -179,6 +191,8 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     stats = partition_stats(pool_labels, split, bundle.num_classes)
     objective = parts.client.objective
     model = build_model(parts.model, bundle, settings.seed, device, objective.sees.projection_head)
+    adapters = parts.adapter.apply(model, settings.num_clients, settings.seed, needs.frozen_a)
+    parts.client.rank_masks = RankMasks.of(adapters.layout, device)
     check_model_for(objective, model, parts.choices)
     data = DeviceData(bundle, device, model.input_shape, model=f"model {type(model).__name__}",
                       takes=model.takes if isinstance(model, Backbone) else None)
@@ -208,4 +222,4 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
     parts.clock.connect(settings.seed, settings.num_clients)
     return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
                       parts.system, parts.clock, server=parts.server, attack=parts.attack, corrupted=corrupted,
-                      channel=parts.channel, sampler=parts.sampler, settings=settings)
+                      channel=parts.channel, sampler=parts.sampler, settings=settings, adapters=adapters)

@@ -18,6 +18,7 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.config.settings import Settings
 from fedagg.data.device import DeviceData
 from fedagg.engines.base import Engine
+from fedagg.models.adapters import Adapters, NoAdapter
 from fedagg.sampling.base import Sampler
 from fedagg.system.base import System
 from fedagg.system.clock import Clock
@@ -43,6 +44,7 @@ class Parts:
     sampler: Sampler = field(default_factory=Sampler)  # who of those that can take part trains (uniform)
     noise: float = 0.0  # partition.noise: client i of N sees Gaussian noise of sd noise * i / N on its images
     choices: dict = field(default_factory=dict)  # group -> option as the user chose it, for refusals in their words
+    adapter: NoAdapter = field(default_factory=NoAdapter)  # adapter=lora: low-rank adapters on a frozen base
 
 
 @dataclass
@@ -64,3 +66,4 @@ class Federation:
     channel: Channel = field(default_factory=Channel)
     sampler: Sampler = field(default_factory=Sampler)
     settings: Settings | None = None  # as run: num_clients=None resolved to the dataset's number of clients
+    adapters: Adapters = field(default_factory=Adapters.none)  # the model's adapters and frozen base (adapter=lora)

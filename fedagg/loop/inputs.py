@@ -9,6 +9,8 @@ counts, the payloads of the method's client half and the clients' parameter sens
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
@@ -18,6 +20,7 @@ from fedagg.clients.trainer import LocalSolver
 from fedagg.engines.base import RoundResult
 from fedagg.clients.validation import score_model
 from fedagg.data.device import targets
+from fedagg.models.adapters import Adapters
 from fedagg.models.flat import ParamLayout, set_buffers, set_params
 
 
@@ -35,11 +38,12 @@ def check_needs(needs: Needs, clients: list[ClientData], server_idx: Tensor, val
 
 class InputsProvider:
     def __init__(self, needs: Needs, *, data, model: nn.Module, clients: list[ClientData], server_idx: Tensor,
-                 solver: LocalSolver, seed: int) -> None:
+                 solver: LocalSolver, seed: int, adapters: Adapters | None = None) -> None:
         self.needs, self.data, self.model, self.clients, self.solver = needs, data, model, clients, solver
         self.seed = seed
         self.server_idx = server_idx
-        self.layout = ParamLayout.of(model)
+        self.adapters = Adapters.none() if adapters is None else adapters
+        self.layout = replace(ParamLayout.of(model), adapters=self.adapters.layout)
         self.all_num_samples = torch.tensor([c.num_samples for c in clients], device=data.device)
         self.label_hist = self._label_histograms() if needs.label_hist else None
         self.server_x = data.prepare(data.train_x[server_idx]) if needs.server_data else None
@@ -105,4 +109,6 @@ class InputsProvider:
             start_params=start_params,
             staleness=staleness,
             on_mean=on_mean,
+            # a copy of the base only where a rule reads its values (FFA-LoRA's frozen A): it can be most of the memory
+            base=self.adapters.base.vector().to(params.device) if needs.frozen_a else None,
         )

@@ -76,7 +76,8 @@ class RoundLoop:
         self.fed, self.settings, self.run_dir = fed, settings, Path(run_dir)
         self.device = fed.data.device
         self.provider = InputsProvider(fed.aggregator.needs, data=fed.data, model=fed.model, clients=fed.clients,
-                                       server_idx=fed.server_idx, solver=fed.trainer.solver(), seed=settings.seed)
+                                       server_idx=fed.server_idx, solver=fed.trainer.solver(), seed=settings.seed,
+                                       adapters=fed.adapters)
         self.params, self.buffers = get_params(fed.model), get_buffers(fed.model)
         self.tested = self.params  # what `evaluate` scores: set by each round's aggregate
         self.metrics, self.weights_log = CSVLog(self.run_dir / "metrics.csv"), CSVLog(self.run_dir / "weights.csv")
@@ -115,10 +116,13 @@ class RoundLoop:
             # how far each CSV file had got, not its rows: resume cuts the files back to this point
             "metrics": self.metrics.mark(), "weights": self.weights_log.mark(), "clients": self.clients_log.mark(),
             "bits": self.bits.state_dict(), "channel": self.fed.channel.state_dict(), "times": self.times.state_dict(),
+            "base": self.fed.adapters.base.vector(),  # the frozen base under adapters (FLoRA changes it); else empty
         }
 
     def restore(self, ckpt: dict) -> None:
         self.params, self.buffers = ckpt["params"].to(self.device), ckpt["buffers"].to(self.device)
+        if "base" in ckpt:
+            self.fed.adapters.base.load_(ckpt["base"].to(self.device))
         self.fed.aggregator.load_state_dict(ckpt["aggregator"])
         self.fed.trainer.load_state_dict(ckpt["trainer"])
         set_rng_state(ckpt["rng"])
@@ -216,10 +220,14 @@ class RoundLoop:
             self.summary.pop(f"final_{key}_infinite", None)  # set again below while the value is infinite
         self.summary.update(summary_values(sent))  # e.g. final_dp_epsilon
         ages = [{}] * len(ids) if plan.staleness is None else [{"staleness": s} for s in plan.staleness]
+        if (adapters := fed.adapters.layout) is not None:  # each client's adapter rank
+            ages = [dict(age, rank=adapters.client_ranks[i]) for age, i in zip(ages, ids)]
         self.weights_log.extend({"round": r, "client": i, "weight": w, "num_samples": int(n), "local_steps": int(t),
                                  **age} for i, w, n, t, age in zip(ids, weights.tolist(), inputs.num_samples.tolist(),
                                                                    result.local_steps.tolist(), ages))
         self.params, self.tested = new_params, out.tested_params()
+        if out.base_update is not None:  # a rule on adapters that changes the frozen base (FLoRA's merge)
+            fed.adapters.base.add_(out.base_update)
         self.buffers = (combine_buffers(result.buffers, out.weights_for_buffers()) if out.buffers is None
                         else out.buffers)
         return row
@@ -373,8 +381,8 @@ class RoundLoop:
             save_checkpoint(self.run_dir, self.state(elapsed))
         set_params(self.fed.model, self.params)
         set_buffers(self.fed.model, self.buffers)
-        # CPU tensors: model.pt opens anywhere, without map_location
-        save_atomically({k: v.cpu() for k, v in self.fed.model.state_dict().items()}, self.run_dir / "model.pt")
+        # CPU tensors: model.pt opens anywhere, without map_location; adapters merged into the weights they adapt
+        save_atomically(self.fed.adapters.model_state(self.fed.model), self.run_dir / "model.pt")
         write_json(self.run_dir / "summary.json", self.summary, lenient=self.summary["status"] == "failed")
 
 

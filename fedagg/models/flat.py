@@ -7,10 +7,14 @@ the only place that converts between those vectors and an `nn.Module`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
+
+if TYPE_CHECKING:
+    from fedagg.models.adapters.layout import AdapterLayout
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,8 @@ class ParamLayout:
     names: tuple[str, ...]
     shapes: tuple[torch.Size, ...]
     offsets: tuple[int, ...]  # len(names) + 1 boundaries; offsets[-1] == P
+    # with adapter=lora: which entries are each layer's A and B, the padded rank, each client's rank; None: no adapters
+    adapters: AdapterLayout | None = None
 
     @classmethod
     def of(cls, module: nn.Module) -> "ParamLayout":

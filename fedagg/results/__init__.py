@@ -11,7 +11,7 @@ import importlib
 
 # name -> module; loaded on first use, so that fedagg.run (which needs only the groups) does not import pandas
 _EXPORTS = {"load_sweep": "runs", "load_curves": "runs", "load_weights": "runs", "load_clients": "runs",
-            "ResultsError": "runs", "build_table": "table", "Table": "render"}
+            "load_trials": "runs", "ResultsError": "runs", "build_table": "table", "Table": "render"}
 __all__ = list(_EXPORTS)
 
 

@@ -8,7 +8,7 @@ so that a list here and a list there cannot drift apart.
 from __future__ import annotations
 
 GROUPS = ("dataset", "partition", "model", "aggregator", "client", "logger", "engine", "system", "clock", "attack",
-          "channel", "sampler", "server")
+          "channel", "sampler", "server", "adapter")
 RECORDED_CHOICES = (*GROUPS, "client/objective", "experiment")  # the group choices summary.json keeps
 PLAIN = (None, "none")  # the client objective of plain local training
 BASE = "fedavg"  # the aggregator a client-only method (FedProx) runs with

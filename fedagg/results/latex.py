@@ -3,8 +3,10 @@
 Rows are the table's rows (methods), columns its settings; each setting has the measured
 mean ± sd over seeds and, with a baseline, the paired difference to it with its 95%
 interval (and, with a paper's numbers, the paper's value). The best mean of each column is
-bold; a cell whose runs all diverged is ×, one without runs —. What the markdown says under
-the table follows as LaTeX comments. It needs booktabs only.
+bold, a difference whose interval excludes 0 is marked *; a cell whose runs all diverged is ×, one without
+runs —. The caption says in words what was run (fedagg.results.caption). `width="column"` fits one column of the
+page (`table`, shrunk to \columnwidth only when wider), `"page"` spans the page (`table*`, \textwidth).
+What the markdown says under the table follows as LaTeX comments. It needs booktabs and graphicx only.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import re
 
 import pandas as pd
 
+from fedagg.results.caption import value_title
 from fedagg.results.values import CROSS, DASH, TO_TARGET, fmt, label
 
-NEEDS = r"% Needs \usepackage{booktabs} in the preamble (\toprule, \midrule, \cmidrule, \bottomrule)."
+NEEDS = (r"% Needs \usepackage{booktabs} (\toprule, \midrule, \cmidrule, \bottomrule) and \usepackage{graphicx}"
+         r" (\resizebox) in the preamble.")
+WIDTHS = {"column": ("table", r"\columnwidth"), "page": ("table*", r"\textwidth")}
 LOWER_IS_BETTER = TO_TARGET
 METRIC_WORDS = {"last_k_test_acc": "Test accuracy averaged over the last k = ⌈R/10⌉ evaluated rounds",
                 "final_test_acc": "Test accuracy after the last round",
@@ -42,8 +47,11 @@ def _slug(name: str) -> str:
 
 def _value_text(record: dict, d: int, n_common: int | None) -> str:
     mean, std = _number(record.get("mean")), _number(record.get("std"))
-    if mean is None:
-        return CROSS if record.get("n_diverged") and not record.get("n_completed") else DASH
+    measured = str(record.get("measured_text") or "")
+    if mean is None:  # the markdown's words: N/A (best accuracy) where the target was never reached, ∞, ×, —
+        return measured or (CROSS if record.get("n_diverged") and not record.get("n_completed") else DASH)
+    if "reached" in measured:  # some seeds never reached the target: the mean is of those that did, and says so
+        return measured
     text = fmt(mean, d) + (f" ± {fmt(std, d)}" if std is not None else "")
     n = int(record.get("n_completed") or 0)
     extra = [f"n={n}"] if n_common is None or n != n_common else []
@@ -64,7 +72,8 @@ def _delta_text(record: dict, d: int, is_baseline: bool) -> str:
         return DASH
     if low is None:
         return f"{_signed(mean, d)} (1 pair)"
-    return f"{_signed(mean, d)} [{_signed(low, d)}, {_signed(high, d)}]"
+    mark = "*" if record.get("excludes_zero") is True else ""  # as the markdown's: the interval excludes 0
+    return f"{_signed(mean, d)}{mark} [{_signed(low, d)}, {_signed(high, d)}]"
 
 
 def _spans(values: list[str]) -> list[tuple[str, int]]:
@@ -77,8 +86,12 @@ def _spans(values: list[str]) -> list[tuple[str, int]]:
     return out
 
 
-def paper_latex(table) -> str:
-    """The one LaTeX table of a `fedagg.results.render.Table` built by `build_table`."""
+def paper_latex(table, width: str = "column") -> str:
+    """The one LaTeX table of a `fedagg.results.render.Table` built by `build_table`, one column (`width="column"`)
+    or the page (`"page"`) wide."""
+    if width not in WIDTHS:
+        raise ValueError(f"width={width!r} is not allowed; it must be one of {', '.join(WIDTHS)}")
+    env, limit = WIDTHS[width]
     spec, layout = table.spec, table.layout
     rows_k, cols_k, d = spec["rows"], spec["columns"], spec["decimals"]
     records = {tuple(str(r[k]) for k in [*rows_k, *cols_k]): r for r in table.cells.to_dict("records")}
@@ -99,9 +112,11 @@ def paper_latex(table) -> str:
             best[c] = {r for r, m in means.items() if m is not None and round(m, d) == round(target, d)}
 
     width = len(subs)
-    lines = [NEEDS, r"\begin{table}[t]", r"\centering", r"\caption{" + latex_escape(_caption(spec, n_common, delta)) + "}",
-             r"\label{tab:" + _slug(spec.get("name", "table")) + "}",
-             r"\begin{tabular}{l" + "r" * (width * len(cols)) + "}", r"\toprule"]
+    # the tabular is set in a box first and shrunk to the column (page) only when it is wider: a narrow table keeps
+    # the text size of the paper, a wide one fits instead of running into the margin
+    lines = [NEEDS, rf"\begin{{{env}}}[t]", r"\centering", r"\caption{" + latex_escape(_caption(spec, n_common, delta)) + "}",
+             r"\label{tab:" + _slug(spec.get("name", "table")) + "}", r"\small", r"\setlength{\tabcolsep}{4pt}",
+             r"\sbox0{\begin{tabular}{l" + "r" * (width * len(cols)) + "}", r"\toprule"]
     for level in range(len(cols_k)):
         cells, rules, at = [], [], 2
         for text, span in _spans([" / ".join(label(spec, k, v) for k, v in zip(cols_k[: level + 1], c[: level + 1]))
@@ -112,7 +127,7 @@ def paper_latex(table) -> str:
             at += span * width
         lines.append(" & ".join(["", *cells]) + r" \\")
         lines.append("".join(rules))
-    titles = {"value": _value_title(spec), "delta": r"$\Delta$ [95\% CI]", "paper": "Paper"}
+    titles = {"value": value_title(spec), "delta": r"$\Delta$ [95\% CI]", "paper": "Paper"}
     head = latex_escape(spec.get("row_header") or " / ".join(rows_k))
     lines.append(" & ".join([head, *[titles[s] if s != "value" else latex_escape(titles[s]) for _ in cols for s in subs]]) + r" \\")
     lines.append(r"\midrule")
@@ -130,37 +145,39 @@ def paper_latex(table) -> str:
                 else:
                     out.append(latex_escape(record.get("paper_text") or DASH))
         lines.append(" & ".join(out) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    lines += [r"\bottomrule", r"\end{tabular}}",
+              rf"\ifdim\wd0>{limit}\resizebox{{{limit}}}{{!}}{{\usebox0}}\else\usebox0\fi", rf"\end{{{env}}}"]
     notes = [plain(b.text) for b in table.blocks if b.kind == "text"]
     return "\n".join(lines) + "\n" + "".join(f"% {line}\n" for note in notes for line in note.splitlines())
 
 
-def _value_title(spec: dict) -> str:
-    metric = spec["metric"]
-    if spec.get("percent") and (metric.endswith("_acc") or "_acc_" in metric):
-        return "Accuracy (%)"
-    return metric + (" (%)" if spec.get("percent") else "")
-
-
 def _caption(spec: dict, n_common: int | None, delta: bool) -> str:
-    lead = str(spec.get("caption") or spec.get("name") or "").rstrip(".")
-    seeds = f"{n_common} seeds" if n_common else "the seeds given per cell (n)"
-    unit = "percentage points" if spec.get("percent") else spec["metric"]
-    metric = METRIC_WORDS.get(spec["metric"], spec["metric"])
-    if spec["metric"] == "last_k_test_acc" and spec.get("last_rounds"):  # the table's window in rounds
-        metric = f"Test accuracy averaged over the last {spec['last_rounds']} rounds"
+    lead = str(spec.get("latex_lead") or spec.get("caption") or "").rstrip(".")
+    if spec.get("setting_words"):
+        lead = f"{lead} on {spec['setting_words']}" if lead else spec["setting_words"][:1].upper() + spec["setting_words"][1:]
+    lead = lead or str(spec.get("name") or "")
+    seeds = f"{n_common} {'confirm ' if spec.get('protocol_words') else ''}seeds" if n_common else "the seeds given per cell (n)"
+    unit = ("percentage points" if spec.get("percent") else
+            {"time_to_target": "simulated seconds", "rounds_to_target": "rounds"}.get(spec["metric"], spec["metric"]))
+    metric = spec.get("metric_words") or METRIC_WORDS.get(spec["metric"], spec["metric"])
+    if spec["metric"] == "last_k_test_acc" and spec.get("last_rounds") and not spec.get("metric_words"):
+        metric = f"Test accuracy averaged over the last {spec['last_rounds']} rounds"  # the table's window in rounds
     parts = [f"{lead}. {metric}: mean ± sd over {seeds}"]
+    if spec["metric"] in TO_TARGET:
+        parts.append("N/A (x%): no seed reached the target, best accuracy x")
     if delta and spec.get("baseline_name"):
         parts.append(f"Δ: paired difference to {spec['baseline_name']} over the same seeds, in {unit}, with its 95% "
-                     f"interval ({spec.get('interval_kinds') or 'paired t'})")
+                     f"interval ({spec.get('interval_kinds') or 'paired t'}); * the interval excludes 0")
     parts.append("best mean per column in bold")
-    return "; ".join(parts) + "."
+    protocol = f" {spec['protocol_words']}." if spec.get("protocol_words") else ""
+    return "; ".join(parts) + "." + protocol
 
 
 LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
                  "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
                  "±": r"$\pm$", "×": r"$\times$", "—": "---", "†": r"$^\dagger$", "−": "$-$", "²": r"$^2$",
-                 "Δ": r"$\Delta$", "≤": r"$\leq$", "≥": r"$\geq$", "⌈": r"$\lceil$", "⌉": r"$\rceil$"}
+                 "Δ": r"$\Delta$", "≤": r"$\leq$", "≥": r"$\geq$", "⌈": r"$\lceil$", "⌉": r"$\rceil$",
+                 "α": r"$\alpha$", "β": r"$\beta$", "μ": r"$\mu$", "τ": r"$\tau$", "ε": r"$\varepsilon$"}
 
 
 def latex_escape(value) -> str:

@@ -12,7 +12,8 @@ folder given, or `--out`):
                     log scale, from metrics.csv's bits_up_total and bits_down_total (runs that count them)
   accuracy_time.png test accuracy against the simulated time (left, metrics.csv's sim_time) and the client
                     updates aggregated (right, client_updates), for runs on a clock (clock=lognormal, ...)
-  methods.pdf/.png  of a comparison's folder: every tuned method on one axis (fedagg.results.figure)
+  methods.pdf/.png  of a comparison's folder: every tuned method on one axis (fedagg.results.figure), one column
+                    (--width column, 3.3 in) or the page (--width page, 7 in) wide, TrueType fonts embedded
 Runs of a table experiment are grouped as the table is: one panel per column cell, one
 line per row (method); other runs get one line per method (its display name) and a panel per
 setting they vary (a comparison's: tuned and defaults). When the runs logged to
@@ -36,7 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedagg.results import comparison, integrity, wandb_log  # noqa: E402
-from fedagg.results.figure import comparison_figure, load_run, log_axis, read_csv  # noqa: E402,F401  (read_csv: report's)
+from fedagg.results.figure import colors, comparison_figure, load_run, log_axis, read_csv, reweights  # noqa: E402,F401  (read_csv, reweights: report's)
 from fedagg.results.checks import NOT_SETTINGS  # noqa: E402
 from fedagg.results.groups import RECORDED_CHOICES  # noqa: E402
 from fedagg.results.runs import ResultsError, find_run_dirs, overrides_of, read_run, sweep_frame  # noqa: E402
@@ -45,6 +46,7 @@ from fedagg.results.values import key_text, label, lookup, number  # noqa: E402
 PLOTS = ("accuracy.png", "update_norms.png", "weights.png", "accuracy_bits.png", "accuracy_time.png")
 BITS = ((("bits_up_total",), "cumulative bits uploaded"), (("bits_up_total", "bits_down_total"), "cumulative bits, up and down"))
 TIME = ((("sim_time",), "simulated time (s)"), (("client_updates",), "client updates aggregated"))
+PER_STEP = "mean over seeds at each server step"  # what a point of a curve against time is: seeds' clocks differ
 
 
 def found_runs(path: Path) -> list[dict]:
@@ -53,11 +55,20 @@ def found_runs(path: Path) -> list[dict]:
 
 
 def finished_runs(paths: list[Path]) -> tuple[list[dict], list[dict]]:
-    """(the runs below paths that wrote a summary.json and whose files are sound, loaded; those that did not
-    write one: running or killed). A damaged file is named in one warning line and its run left out."""
+    """(the runs below paths that wrote a summary.json and whose files are sound, loaded, a comparison's in the order
+    of its methods=; those that did not write one: running or killed). A damaged file is named in one warning line
+    and its run left out."""
     found = [run for path in paths for run in found_runs(Path(path))]
     finished = integrity.sound([r for r in found if r["_has_summary"]])
+    order = [m for path in paths for m in comparison.methods(Path(path))]
+    finished.sort(key=lambda r: order.index(r.get("method")) if r.get("method") in order else len(order))
     return [load_run(r) for r in finished], [r for r in found if not r["_has_summary"]]
+
+
+def palette(runs: list[dict], axes: list[str]) -> dict[str, str]:
+    """Each line's colour by the order of the runs (finished_runs': the comparison's methods=), the same in every
+    figure and panel."""
+    return colors(describe(run, axes)[1] for run in runs)
 
 
 def unfinished_note(unfinished: list[dict]) -> str:
@@ -140,17 +151,18 @@ def grid(n: int) -> tuple[plt.Figure, list]:
     return fig, flat[:n]
 
 
-def plot_curves(groups: dict, out: Path, name: str, columns: list[tuple[str, str, float]], ylabel: str) -> Path:
+def plot_curves(groups: dict, out: Path, name: str, columns: list[tuple[str, str, float]], ylabel: str,
+                palette: dict[str, str] | None = None) -> Path:
     """One panel per group; per line label the mean (and ±std band) of each metrics column.
-    A label keeps its colour in every panel."""
-    colors = {}
+    A label keeps its colour (`palette`'s, else by first appearance) in every panel."""
+    line_colors = dict(palette or {})
     for lines in groups.values():
         for line in lines:
-            colors.setdefault(line, f"C{len(colors) % 10}")
+            line_colors.setdefault(line, f"C{len(line_colors) % 10}")
     fig, axes = grid(len(groups))
     for ax, (panel, lines) in zip(axes, groups.items()):
         for line, runs in lines.items():
-            color = colors[line]
+            color = line_colors[line]
             for column, style, scale in columns:
                 rounds, mean, std = series(runs, column, scale)
                 if not rounds:
@@ -189,7 +201,7 @@ def accuracy_by(runs: list[dict], columns: tuple[str, ...]) -> tuple[list[float]
 
 
 def plot_accuracy_by(groups: dict, out: Path, name: str = "accuracy_bits.png", xaxes: tuple = BITS,
-                     log: bool = True) -> Path | None:
+                     log: bool = True, palette: dict[str, str] | None = None) -> Path | None:
     """One row of panels per group: accuracy against each of `xaxes` (metrics columns summed, and their label):
     bits uploaded and bits sent both ways (log scale), or simulated time and client updates. None when no run
     has those columns (runs from before metrics.csv counted bits; runs without a clock)."""
@@ -197,21 +209,22 @@ def plot_accuracy_by(groups: dict, out: Path, name: str = "accuracy_bits.png", x
               for line, runs in lines.items() for i, (columns, _) in enumerate(xaxes)}
     if not any(xs for xs, _ in curves.values()):
         return None
-    colors = {}
+    line_colors = dict(palette or {})
     for lines in groups.values():
         for line in lines:
-            colors.setdefault(line, f"C{len(colors) % 10}")
+            line_colors.setdefault(line, f"C{len(line_colors) % 10}")
     fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3.6 * len(groups)), squeeze=False)
     for row, (panel, lines) in zip(axes, groups.items()):
         for i, (ax, (_, xlabel)) in enumerate(zip(row, xaxes)):
             for line in lines:
                 xs, ys = curves[(panel, line, i)]
                 if xs:
-                    ax.plot(xs, ys, "-", color=colors[line], label=line, linewidth=1.4,
+                    ax.plot(xs, ys, "-", color=line_colors[line], label=line, linewidth=1.4,
                             marker="o" if len(xs) <= 25 else None, markersize=3)
             if log:
                 log_axis(ax)  # methods that compress send orders of magnitude less
-            ax.set_title(panel or out.name, fontsize=10)
+            title = panel or out.name
+            ax.set_title(title if log else f"{title}: {PER_STEP}", fontsize=10)
             ax.set_xlabel(f"{xlabel} (log scale)" if log else xlabel)
             ax.set_ylabel("test accuracy (%)")
             ax.grid(alpha=0.3, which="both")
@@ -266,6 +279,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("paths", nargs="+", type=Path, help="run folders or folders with runs below them")
     parser.add_argument("--out", type=Path, help="where the PNGs go (default: the folder given, or the runs' parent)")
     parser.add_argument("--max-weight-panels", type=int, default=12)
+    parser.add_argument("--width", choices=("column", "page"), default="column",
+                        help="a comparison's methods.pdf: one column of a two-column paper (3.3 in, panels stacked) or "
+                             "the page (7 in, side by side)")
     parser.add_argument("--wandb-mode", choices=("online", "offline", "disabled"),
                         help="override the runs' W&B mode for the plot run (disabled: no W&B)")
     args = parser.parse_args(argv)
@@ -287,18 +303,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     for run in runs:
         panel, line = describe(run, axes)
         groups[panel][line].append(run)
+    colours = palette(runs, axes)
     images = [
-        plot_curves(groups, out, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)"),
+        plot_curves(groups, out, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)", colours),
         plot_curves(groups, out, "update_norms.png", [("update_norm", "-", 1.0), ("client_update_norm", "--", 1.0)],
-                    "update norm (N solid, E dashed)"),
+                    "update norm (N solid, E dashed)", colours),
         plot_weights(runs, out, args.max_weight_panels, axes),
     ]
-    by_bits = plot_accuracy_by(groups, out)
-    by_time = plot_accuracy_by(groups, out, "accuracy_time.png", TIME, log=False)
+    by_bits = plot_accuracy_by(groups, out, palette=colours)
+    by_time = plot_accuracy_by(groups, out, "accuracy_time.png", TIME, log=False, palette=colours)
     # runs from before metrics.csv counted bits have none to draw; runs without a clock have no time
     images += [path for path in (by_bits, by_time) if path is not None]
     if len(args.paths) == 1 and comparison.is_comparison(args.paths[0]):  # its figure: the tuned methods on one axis
-        images += comparison_figure(args.paths[0], out)
+        images += comparison_figure(args.paths[0], out, args.width)
     for path in images:
         print(path)
     wandb_log.log_to_wandb(runs, out, args.wandb_mode, "plots", lambda wandb: {p.stem: wandb.Image(str(p)) for p in images})

@@ -61,11 +61,12 @@ class Table:
             writer.writerow([_csv_value(v) for v in row])
         return out.getvalue()
 
-    def to_latex(self) -> str:
-        """A built table: the one LaTeX table a paper includes (fedagg.results.latex). Other blocks (the paired
-        statistics alone): each grid as a booktabs tabular, headings and paragraphs as LaTeX comments above it."""
+    def to_latex(self, width: str = "column") -> str:
+        """A built table: the one LaTeX table a paper includes (fedagg.results.latex), one column or the page
+        (`width="page"`) wide. Other blocks (the paired statistics alone): each grid as a booktabs tabular,
+        headings and paragraphs as LaTeX comments above it."""
         if self.spec.get("rows") and self.layout.get("rows") is not None:
-            return paper_latex(self)
+            return paper_latex(self, width)
         out = []
         for block in self.blocks:
             if block.kind == "grid":

@@ -59,7 +59,8 @@ def what_was_run(runs: list[dict], unfinished: list[dict], table, folder: Path) 
     method_keys = ("aggregator", "client/objective")  # what `method` names: one axis, not three
     axes = ["seed", "method", *(g for g in RECORDED_CHOICES if g in frame and g not in method_keys),
             *(k for k in frame.attrs["varying"] if k not in method_keys)]
-    varying = {c: sorted({make_table.key_text(v) for v in frame[c]}, key=natural) for c in dict.fromkeys(axes)}
+    varying = {c: sorted({make_table.key_text(value_of(run["summary"], c, v)) for run, v in zip(runs, frame[c])},
+                         key=natural) for c in dict.fromkeys(axes)}
     rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(', '.join(v))}</td></tr>"
                    for k, v in varying.items() if len(v) > 1)
     flat = [flatten({"choices": r["summary"].get("choices") or {}, "config": r["summary"].get("config") or {}})
@@ -72,18 +73,32 @@ def what_was_run(runs: list[dict], unfinished: list[dict], table, folder: Path) 
             f"<details><summary>settings every run shares ({len(fixed)})</summary><table>{shared}</table></details>")
 
 
+def value_of(summary: dict, key: str, value):
+    """A sweep axis's value for one run: a run that did not override the key ran at its configured value (a
+    comparison's defaults), which the config holds, never NaN."""
+    if value is None or (isinstance(value, float) and value != value):
+        found = make_table.lookup(summary, f"config.{key}")
+        return found if found is not None else "(not set)"
+    return value
+
+
 def methods(table) -> str:
     """Each row of the table with its aggregator and that aggregator's settings (over the row's runs)."""
     spec, layout = table.spec, table.layout
     lines = []
     for row in layout["rows"]:
         runs = [run for cell, rs in layout["cells"].items() if cell[: len(row)] == row for run in rs]
-        settings = [flatten((run.get("config") or {}).get("aggregator") or {}) for run in runs]
+        settings = [{**flatten((run.get("config") or {}).get("aggregator") or {}),
+                     **(flatten(make_table.lookup(run, "config.client.objective") or {}, "objective.")
+                        if (run.get("choices") or {}).get("client/objective") not in (None, "none") else {})}
+                    for run in runs]  # a client objective's settings are the method's too (FedProx's mu)
         if not settings:
             continue
-        target = {str(s.get("_target_", "")).rsplit(".", 1)[-1] for s in settings}
+        target = {str(s.get("_target_", "")).rsplit(".", 1)[-1] + (f", objective {str(o).rsplit('.', 1)[-1]}"
+                                                                  if (o := s.get("objective._target_")) else "")
+                  for s in settings}
         parts = []
-        for key in dict.fromkeys(k for s in settings for k in s if k not in ("_target_", "display_name")):
+        for key in dict.fromkeys(k for s in settings for k in s if k.rsplit(".", 1)[-1] not in ("_target_", "display_name")):
             values = sorted({json.dumps(s.get(key), default=str) for s in settings})
             parts.append(f"{key}={values[0]}" if len(values) == 1 else f"{key} varies ({', '.join(values)})")
         name = " ".join(make_table.label(spec, k, v) for k, v in zip(spec["rows"], row))
@@ -98,7 +113,7 @@ def image(path: Path, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def client_distributions(groups: dict, path: Path) -> Path | None:
+def client_distributions(groups: dict, path: Path, palette: dict[str, str] | None = None) -> Path | None:
     """Box plots of every client's accuracy at each run's last evaluation, one box per method (seeds pooled)."""
     boxes = {}
     for lines in groups.values():
@@ -114,7 +129,9 @@ def client_distributions(groups: dict, path: Path) -> Path | None:
     if not boxes:
         return None
     fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(boxes), 3.6))
-    ax.boxplot(list(boxes.values()), showmeans=True)
+    parts = ax.boxplot(list(boxes.values()), showmeans=True, patch_artist=True)
+    for box, line in zip(parts["boxes"], boxes):  # each method in its colour of the other figures
+        box.set(facecolor=(palette or {}).get(line, "white"), alpha=0.5)
     ax.set_xticks(range(1, len(boxes) + 1), list(boxes), rotation=20)
     ax.set_ylabel("client test accuracy (%)")
     ax.set_title("per-client accuracy at the last evaluation (all seeds)", fontsize=10)
@@ -137,12 +154,13 @@ def differences_figure(layout: dict, spec: dict, baseline: tuple, path: Path) ->
             if diff.mean is not None:
                 err = [[diff.mean - diff.low], [diff.high - diff.mean]] if diff.low is not None else None
                 ax.errorbar(diff.mean, y, xerr=err, fmt="o", color="C3" if diff.excludes_zero else "C0", capsize=3)
-            ticks.append(" ".join(r + c))
+            ticks.append(" · ".join(make_table.label(spec, k, v) for k, v in zip([*spec["rows"], *spec["columns"]], r + c)))
             y += 1
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(ticks)), ticks, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(f"difference to {' '.join(baseline)} (95% interval; red: excludes 0)")
+    shown = " ".join(make_table.label(spec, k, v) for k, v in zip(spec["rows"], baseline))
+    ax.set_xlabel(f"difference to {shown} (95% interval; red: excludes 0)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -158,12 +176,14 @@ def build_report(folder: Path, baseline: str | None, work: Path, rows: list[str]
     axes = plot.sweep_axes(runs)
     if columns is None and axes:  # a plain sweep over more than methods: a column per setting, nothing pooled
         columns = list(dict.fromkeys(["dataset", *axes]))
-    layout = make_table.build_table(folder, runs=summaries + unfinished, rows=rows, columns=columns).layout
+    order = comparison.methods(folder)  # a comparison's rows in its methods= order, whichever is the baseline
+    layout = make_table.build_table(folder, runs=summaries + unfinished, rows=rows, columns=columns, order=order).layout
     names = {r: " ".join(r) for r in layout["rows"]}
     if baseline is None:
         baseline = comparison.baseline(folder) or ("fedavg" if "fedavg" in names.values() else None)
     paired_on = baseline if baseline and len(layout["rows"]) > 1 else None
-    table = make_table.build_table(work, runs=summaries + unfinished, baseline=paired_on, rows=rows, columns=columns)  # the CD diagram goes to work
+    table = make_table.build_table(work, runs=summaries + unfinished, baseline=paired_on, rows=rows, columns=columns,
+                                   order=order)  # the CD diagram goes to work
     spec = table.spec
     groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
@@ -173,23 +193,32 @@ def build_report(folder: Path, baseline: str | None, work: Path, rows: list[str]
     sections.append(("What was run", what_was_run(runs, unfinished, table, folder)))
     at = next(i for i, b in enumerate(table.blocks) if b.kind == "heading" and b.level == 4) if paired_on else None
     sections.append(("Table", render.Table(table.blocks[1:at]).to_html()))  # the page's headings name it
-    accuracy = plot.plot_curves(groups, work, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)")
+    colours = plot.palette(runs, axes)  # one colour per method, in the comparison's order, in every figure
+    accuracy = plot.plot_curves(groups, work, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)", colours)
     sections.append(("Test accuracy per round", image(accuracy, "test accuracy per round") +
                      '<p class="muted">Mean over seeds; the band is ± one standard deviation.</p>'))
-    by_bits = plot.plot_accuracy_by(groups, work)
+    by_bits = plot.plot_accuracy_by(groups, work, palette=colours)
     if by_bits:
         sections.append(("Test accuracy against bits sent", image(by_bits, "test accuracy against bits sent") +
                          '<p class="muted">Mean over seeds at each evaluated round; bits counted as the README\'s '
                          '"Communication" says (32-bit models unless a method compresses).</p>'))
-    by_time = plot.plot_accuracy_by(groups, work, "accuracy_time.png", plot.TIME, log=False)
+    by_time = plot.plot_accuracy_by(groups, work, "accuracy_time.png", plot.TIME, log=False, palette=colours)
     if by_time:  # runs on a simulated clock
         sections.append(("Test accuracy against simulated time", image(by_time, "test accuracy against simulated time") +
-                         '<p class="muted">Mean over seeds at each evaluated round; simulated seconds and client updates '
-                         'as the README\'s "A simulated clock" says.</p>'))
-    clients = client_distributions(groups, work / "clients.png")
+                         '<p class="muted">Each point: the mean over seeds at one evaluated server step (round) of the '
+                         'simulated time and of the test accuracy; simulated seconds and client updates as the README\'s '
+                         '"A simulated clock" says.</p>'))
+    clients = client_distributions(groups, work / "clients.png", colours)
     if clients:
         sections.append(("Per-client accuracy", image(clients, "per-client accuracy")))
-    sections.append(("Aggregation weights", image(plot.plot_weights(runs, work, 12, axes), "aggregation weights")))
+    drawn = [run for run in runs if run["weights"] and plot.reweights(run)]
+    same = sorted({plot.describe(run, axes)[1] for run in runs if run["weights"] and run not in drawn})
+    note = (f'<p class="muted">{html.escape(", ".join(same))}: each client weighted by its share of the round\'s '
+            'samples (FedAvg\'s weights), not drawn.</p>') if same else ""
+    if drawn:
+        sections.append(("Aggregation weights", image(plot.plot_weights(drawn, work, 12, axes), "aggregation weights") + note))
+    elif note:
+        sections.append(("Aggregation weights", note))
     shown = next((r for r in runs if (r["dir"] / "partition.png").exists()), None)
     if shown:
         caption = (f"The partition of seed {shown['summary'].get('seed')} (run {shown['summary']['_dir']}); every run "
@@ -197,7 +226,8 @@ def build_report(folder: Path, baseline: str | None, work: Path, rows: list[str]
         sections.append(("Partition", image(shown["dir"] / "partition.png", "partition") +
                          f'<p class="muted">{html.escape(caption)}</p>'))
     if paired_on:
-        base = next(r for r in layout["rows"] if baseline in (" ".join(r), names[r]))
+        shown = {r: " ".join(make_table.label(spec, k, v) for k, v in zip(spec["rows"], r)) for r in layout["rows"]}
+        base = next(r for r in layout["rows"] if baseline in (" ".join(r), names[r], shown[r]))  # the id or the name
         body = image(differences_figure(layout, spec, base, work / "differences.png"), "paired differences")
         body += render.Table(table.blocks[at:]).to_html()
         if (work / "cd_diagram.png").exists():

@@ -25,7 +25,9 @@ from fedagg.results.integrity import damage
 
 RUN_FILES = ("summary.json", "config.yaml")
 STARTED = (".owner", "metrics.csv", "checkpoint.pt")  # beside a config.yaml: a run began here (not W&B's config.yaml)
-IDENTITY = ("run", "status", "seed", "method")  # with the group choices and the varying overrides: what names a run
+IDENTITY = ("run", "status", "seed", "method", "method_name")  # with the group choices and the varying overrides:
+# what names a run
+PHASE = ("phase", "trial", "tuning", "val_score", "chosen")  # a comparison's run: which stage, trial and configuration
 
 
 class ResultsError(ValueError):
@@ -111,7 +113,47 @@ def read_run(run_dir: Path, root: Path | None = None) -> dict:
         run["method"], run["method_name"] = method_of(choices, config), method_name_of(choices, config)
     rel = run_dir.relative_to(root) if root is not None and run_dir.is_relative_to(root) else run_dir
     run["_dir"], run["_path"] = str(rel) if str(rel) != "." else ".", run_dir
+    run.update(comparison_phase(run_dir))
     return run
+
+
+def comparison_phase(run_dir: Path) -> dict:
+    """Where a run of a comparison (`python -m fedagg.compare`) stands in it, from its place in the folder: a tuning
+    trial, `tune/<method>/t<trial>/s<seed>` -> phase `tune`, its `trial` and the trial's `val_score` and `chosen`
+    (selection.csv: the score that chose, the mean over the tuning seeds); a confirm run,
+    `confirm/{tuned,default}/<method>/s<seed>` -> phase `confirm` and `tuning` (`tuned` or `defaults`). {} elsewhere."""
+    parts = Path(run_dir).resolve().parts
+    if len(parts) < 5 or parts[-4] not in ("tune", "confirm") or not (root := Path(*parts[:-4])).joinpath(
+            "protocol.json").exists():
+        return {}
+    if parts[-4] == "confirm":
+        return {"phase": "confirm", "tuning": {"default": "defaults"}.get(parts[-3], parts[-3])}
+    trial = int(match[1]) if (match := re.fullmatch(r"t(\d+)", parts[-2])) else None
+    row = _selection(root).get((parts[-3], trial), {})
+    return {"phase": "tune", "trial": trial, "val_score": row.get("val_score"), "chosen": row.get("chosen")}
+
+
+def _selection(root: Path) -> dict[tuple[str, int], dict]:
+    """(method, trial) -> that trial's row of the comparison's selection.csv (none while it is tuning)."""
+    frame = load_trials(root) if (root / "selection.csv").exists() else pd.DataFrame()
+    return {(r["method"], int(r["trial"])): r for r in frame.to_dict("records")}
+
+
+def load_trials(folder: str | Path) -> pd.DataFrame:
+    """A comparison's trials, one row each (its selection.csv): `method`, `trial`, `val_score` (the validation
+    score that chose: the mean over the tuning seeds of the last ⌈R/10⌉ evaluations' validation accuracy), `chosen`,
+    `params` (JSON, as written) and each tuned setting as its own column (`client.lr`, ...)."""
+    path = Path(folder) / "selection.csv"
+    if not path.exists():
+        raise ResultsError(f"{path} does not exist: give a comparison's folder (python -m fedagg.compare's "
+                           "hydra.sweep.dir) after its tuning finished")
+    try:
+        frame = pd.read_csv(path, dtype={"method": str, "params": str})
+        params = pd.DataFrame([json.loads(p) for p in frame["params"]], index=frame.index)
+        frame["chosen"] = frame["chosen"].astype(str).str.lower() == "true"
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, KeyError, ValueError) as err:
+        raise ResultsError(f"{path} is damaged ({type(err).__name__}: {err}); rerun the comparison's command") from None
+    return pd.concat([frame, params.drop(columns=[c for c in params if c in frame])], axis=1)
 
 
 def read_runs(folder: Path) -> list[dict]:
@@ -165,6 +207,8 @@ def sweep_frame(runs: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     frame = frame[[c for c in frame if c in IDENTITY or frame[c].notna().any()]]  # no column of a group nobody chose
     # (`damaged` too is there only when some run's files are: "<file> is damaged: <why>")
+    if "trial" in frame:
+        frame["trial"] = frame["trial"].astype("Int64")  # a confirm run has none: no float trial numbers
     frame.attrs["varying"] = [k for k in varying if k in frame]
     return frame
 
@@ -172,7 +216,8 @@ def sweep_frame(runs: list[dict]) -> pd.DataFrame:
 def load_sweep(folder: str | Path) -> pd.DataFrame:
     """One row per run folder below `folder` (or the one run folder given): `run` (its folder, relative),
     `status`, `seed`, `method` (the aggregator, or the client objective it runs with: fedprox) and `method_name`
-    (its YAML's display_name), `damaged` where a run's metrics.csv or weights.csv is not what it wrote (why), every group choice (`aggregator`, `dataset`, ...), every summary.json field flattened
+    (its YAML's display_name), in a comparison's folder `phase` (`tune` or `confirm`), a trial's `trial`,
+    `val_score` and `chosen`, a confirm run's `tuning` (`tuned` or `defaults`), `damaged` where a run's metrics.csv or weights.csv is not what it wrote (why), every group choice (`aggregator`, `dataset`, ...), every summary.json field flattened
     (`final_test_acc`, `config.aggregator.lr`, ...), the overrides that vary across the runs, and `path`;
     from the runs' CSV files `last_k_test_acc` (k = ⌈R/10⌉: `last_k`), and with per-client evaluation
     `final_client_jain` and `final_client_acc_gap10` (fedagg.results.derived says how each is computed).
@@ -182,7 +227,7 @@ def load_sweep(folder: str | Path) -> pd.DataFrame:
 
 def _long(folder: str | Path, filename: str) -> pd.DataFrame:
     sweep = load_sweep(folder)
-    ids = [c for c in sweep if c in IDENTITY or c in RECORDED_CHOICES or c in sweep.attrs["varying"]]
+    ids = [c for c in sweep if c in IDENTITY or c in PHASE or c in RECORDED_CHOICES or c in sweep.attrs["varying"]]
     parts, named = [], ids
     for _, run in sweep.iterrows():
         path = Path(run["path"]) / filename
@@ -207,7 +252,8 @@ def _long(folder: str | Path, filename: str) -> pd.DataFrame:
 
 def load_curves(folder: str | Path) -> pd.DataFrame:
     """Every run's metrics.csv in long form (one row per run and evaluated round), led by the run's columns
-    (run, status, seed, the group choices, the varying overrides)."""
+    (run, status, seed, method, method_name, a comparison's phase, trial, tuning and val_score, the group choices,
+    the varying overrides)."""
     return _long(folder, "metrics.csv")
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedagg.results import checks, comparison, derived, integrity, render
+from fedagg.results import caption, checks, comparison, derived, integrity, render
 from fedagg.results.groups import RECORDED_CHOICES
 from fedagg.results.paper import load_paper, paper_cell, read_paper  # noqa: F401  (read_paper: used by tests)
 from fedagg.results.runs import ResultsError, read_runs
@@ -192,11 +192,12 @@ def notes(runs: list[dict], spec: dict, extra: set, unfinished: list[dict] = ())
 def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[str] | None = None,
                 metric: str | None = None, paper: str | None = None, keys: dict[str, str] | None = None,
                 measured_only: bool = False, baseline: str | None = None, runs: list[dict] | None = None,
-                last_k: int | None = None) -> render.Table:
+                last_k: int | None = None, order: list[str] | None = None) -> render.Table:
     """The table of the runs below `folder` (the table experiment's layout unless rows, columns, metric or paper
     are given; keys: where a cell key is found in summary.json), with the paired statistics against the row
     `baseline` when given (the CD diagram is written into folder); metric last_k averages the last `last_k` evaluated
-    rounds (default ⌈R/10⌉). ResultsError: one line saying why not."""
+    rounds (default ⌈R/10⌉); order: the methods' row order (a comparison's methods=, read from its folder unless
+    given). ResultsError: one line saying why not."""
     folder = Path(folder)
     compared = runs is None and comparison.is_comparison(folder)  # its confirm runs, tuned and defaults side by side
     found = comparison.confirm_runs(folder) if compared else read_runs(folder) if runs is None else runs
@@ -216,7 +217,7 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
         runs = [derived.add_derived(run, last_k) for run in runs]
     spec = table_spec(runs, args)
     spec["order"] = {comparison.TUNING: ["tuned", "defaults"], **(spec.get("order") or {})}
-    methods = comparison.methods(folder) if compared else []
+    methods = order or (comparison.methods(folder) if compared else [])
     if methods or baseline:
         spec["order"].setdefault(METHOD, methods or [baseline])  # the comparison's order; else the baseline first
     if spec["rows"] == [METHOD]:
@@ -224,6 +225,8 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
     checks.check_keys(runs, spec, {**{n: "--rows" for n in rows or []}, **{n: "--columns" for n in columns or []},
                                    **{n: "--key" for n in keys or {}}})
     checks.check_metric(runs, spec, metric)
+    protocols = [comparison.read_protocol(p)["protocol"] for p in comparison.protocol_files(folder)] if compared else []
+    spec.update(caption.words(runs, spec, protocols[0] if len(protocols) == 1 else None))
     grid_block, records, extra, layout = build(runs, spec, measured_only=measured_only)
     paired = []
     if baseline:
@@ -236,6 +239,7 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
     if compared and not spec.get("caption"):
         setting = comparison.setting_text(folder)
         spec["caption"] = "Fair comparison, tuned and at defaults" + (f" ({setting})" if setting else "")
+        spec["latex_lead"] = "Fair comparison, tuned and at defaults"  # the caption's words say the setting
     spec.setdefault("name", folder.resolve().name)
     title = render.heading(f"{spec['name']}: {spec.get('caption', spec['metric'])}", 3)
     source = [render.text(f"Paper: {spec['source']}")] if spec.get("source") else []
@@ -260,12 +264,18 @@ def cell_frame(records: list[dict]) -> pd.DataFrame:
     return frame
 
 
+STATS_PURPOSE = ("Only the paired statistics of a sweep against --baseline (no table; table.md and table.csv are left "
+                 "as they are): each row's "
+                 "mean difference to the baseline over the seeds both have with its 95% interval, the average ranks, "
+                 "the Friedman test, and with at least 3 rows and 3 columns the critical-difference diagram.")
+
+
 def main(argv: list[str] | None = None, prog: str | None = None, stats_only: bool = False) -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=STATS_PURPOSE if stats_only else __doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a sweep folder (runs with summary.json below it)")
     parser.add_argument("--metric", help="final, best (selected on the test set), last_k (mean of the last k evaluated "
                         "rounds), jain, gap10 (fairness over clients) or any summary.json key (default: the table's, "
-                        "else final_test_acc)")
+                        f"else {DEFAULT_METRIC}: the mean test accuracy of the last k = ⌈R/10⌉ evaluated rounds)")
     parser.add_argument("--paper", help="CSV of the paper's numbers (default: the table's)")
     parser.add_argument("--rows", nargs="+", help="cell keys of the rows (default: the table's)")
     parser.add_argument("--columns", nargs="+", help="cell keys of the columns (default: the table's)")
@@ -277,6 +287,9 @@ def main(argv: list[str] | None = None, prog: str | None = None, stats_only: boo
                         help="a row (e.g. fedavg): paired differences to it, ranks, Friedman, CD diagram")
     parser.add_argument("--format", choices=("markdown", "csv", "latex", "html"), default="markdown",
                         help="what is printed (table.md and table.csv are written in any case)")
+    parser.add_argument("--width", choices=("column", "page"), default="column",
+                        help="with --format latex: fit one column of the paper (table, \\columnwidth) or span the page "
+                             "(table*, \\textwidth); shrunk only when wider (default: column)")
     args = parser.parse_args(argv)
     keys = dict(item.partition("=")[::2] for item in args.key or [])
     try:
@@ -289,7 +302,7 @@ def main(argv: list[str] | None = None, prog: str | None = None, stats_only: boo
     shown = table
     if stats_only:  # the paired statistics: from their first section heading on
         shown = render.Table(table.blocks[next(i for i, b in enumerate(table.blocks) if b.level == 4):], table.cells)
-    print({"markdown": shown.to_markdown, "csv": shown.to_csv, "latex": shown.to_latex,
+    print({"markdown": shown.to_markdown, "csv": shown.to_csv, "latex": lambda: shown.to_latex(args.width),
            "html": shown.to_html}[args.format](), end="")
     if not stats_only:
         (args.folder / "table.md").write_text(table.to_markdown())

@@ -76,7 +76,9 @@ class CompareSweeper(Sweeper):
         group = next((g for g in METHOD_GROUPS if name in options[g]), None)
         if group is None:
             known = sorted({o for g in METHOD_GROUPS for o in options[g]} - {"none"})
-            raise ValueError(f"methods: {name!r} is not an aggregator or a client objective; choose from {', '.join(known)}")
+            raise ValueError(f"methods: {name!r} is not an aggregator or a client objective; choose from {', '.join(known)}"
+                             f"; a method of your own needs its folder searched: aggregator/{name}.yaml or "
+                             f"client/objective/{name}.yaml in DIR and hydra.searchpath=[file://DIR] on the command line")
         picks = [f"{group}={name}"]
         try:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(arguments) + picks)

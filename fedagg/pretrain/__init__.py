@@ -1,0 +1,1 @@
+"""Central pretraining of a base for `model.pretrained` (`python -m fedagg.pretrain`; docs/bases.md)."""
