@@ -9,6 +9,7 @@ A page's fenced blocks are read in order with the HTML comments just above and b
     <!-- needs: mnist -->           (above a block: MNIST's files; run alone, skipped with the reason without them)
     <!-- check-only: REASON -->     (above a block: compose and check only, e.g. a download or a long run)
     <!-- skip: REASON -->           (above a block: not run; the test lists the reason)
+    <!-- slow: REASON -->           (above a block: run by the slow tests only, `pytest -m slow`)
     <!-- check: prints "TEXT" -->   (below a block: its output holds TEXT)
     <!-- check: exists PATH -->     (below: the file exists afterwards)
     <!-- check: json PATH KEY LOW HIGH -->  or  <!-- check: json PATH KEY VALUE -->

@@ -22,7 +22,7 @@ ALL = {str(p.relative_to(p.parents[0] if p.name == "README.md" and p.parent.name
 
 
 def _runs(block: Block, mode: str) -> bool:
-    if any(k in block.above for k in ("skip", "check-only", "needs")):
+    if any(k in block.above for k in ("skip", "check-only", "needs", "slow")):
         return False
     return block.lang in ("bash", "python") and (mode == "run" or "run" in block.above)
 
@@ -37,7 +37,25 @@ def _run_pages() -> list:
 
 
 def _needs_data() -> list:
-    return [pytest.param(b, id=b.name) for p in pages() for b in blocks(p) if "needs" in b.above]
+    return [pytest.param(b, id=b.name) for p in pages() for b in blocks(p) if "needs" in b.above
+            and "slow" not in b.above]
+
+
+def _slow() -> list:
+    return [pytest.param(p, b, id=b.name) for p in pages() for b in blocks(p) if "slow" in b.above]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page,block", _slow())
+def test_slow_examples(page, block, tmp_path):
+    """A block the page marks slow (its reason beside it), with the page's files; MNIST from the suite's copy."""
+    if "needs" in block.above and not MNIST.exists():
+        pytest.skip(f"MNIST's files are not at {MNIST.parent} (a user's run downloads them into ./data)")
+    env = environment({"FEDAGG_DATA": str(SHARED_DATA.resolve())} if "needs" in block.above else None)
+    for other in blocks(page):
+        if other.path:
+            execute(other, tmp_path, env)
+    verify(block, tmp_path, execute(block, tmp_path, env))
 
 
 def _checked_pages() -> list:
