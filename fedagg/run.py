@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationKeyError
 
-from fedagg.data.partition_report import drawn, save_partition_report
+from fedagg.data.partition_report import drawn, partition_title, save_partition_report
 from fedagg.edge import CONF
 from fedagg.edge import run_log
 from fedagg.edge.channel_choice import channel_choice, uniform_mean_for_privacy
@@ -39,7 +39,7 @@ from fedagg.edge.default_model import with_default_model
 from fedagg.edge.job_checks import (FolderHeld, SetupError, check_no_ignored_choice, check_run,  # noqa: F401
                                     checked_settings, explain_missing_option, instantiate_parts, settings_from,
                                     user_error_of)
-from fedagg.edge.sweep import SweepSummary, concurrent_jobs
+from fedagg.edge.sweep import SweepSummary, concurrent_jobs, first_time
 from fedagg.loop.assembly import assemble
 from fedagg.runtime.checkpoints import load_checkpoint
 from fedagg.runtime import interrupts, threads
@@ -106,7 +106,7 @@ class Prepared:
     def finished(self, summary: dict) -> dict:
         """Close, and say in one line how the run ended."""
         self.close()
-        report(summary, self.run_dir)
+        report(summary, self.run_dir, self.loop is not None and self.loop.fed.trainer.objective.personal)
         return summary
 
 
@@ -215,16 +215,39 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
     return Prepared(run_dir, stack, loop=loop)
 
 
-def report(summary: dict, run_dir: Path) -> None:
-    """One line: how the run ended."""
+def report(summary: dict, run_dir: Path, personal: bool = False) -> None:
+    """One line: how the run ended, with the number its user reads: the global test accuracy, or where clients keep
+    models of their own (`personal`: FedBN's normalisation layers) the mean of each client's accuracy with its own
+    (eval.per_client=true); and how soon it reached target_acc."""
+    where = f"after {summary['rounds_completed']} rounds ({run_dir})"
+    client_mean = summary.get("final_client_acc_mean")
     if summary["final_test_acc"] is None and summary.get("final_val_acc") is not None:  # eval.split=val
-        log.info("%s: final validation accuracy %.4f after %d rounds (%s)", summary["status"], summary["final_val_acc"],
-                 summary["rounds_completed"], run_dir)
+        result = f"final validation accuracy {summary['final_val_acc']:.4f}"
     elif summary["final_test_acc"] is None:
-        log.info("%s after %d rounds, never evaluated (%s)", summary["status"], summary["rounds_completed"], run_dir)
+        log.info("%s %s, never evaluated", summary["status"], where)
+        return
+    elif personal and client_mean is not None:
+        result = (f"mean client accuracy {client_mean:.4f} (each client's own model on its own test split; the averaged "
+                  f"model's test accuracy {summary['final_test_acc']:.4f})")
+    elif personal:  # the test set scores an average no client holds
+        result = (f"final test accuracy {summary['final_test_acc']:.4f} of the averaged model, which no client holds "
+                  "(eval.per_client=true scores each client's own)")
     else:
-        log.info("%s: final test accuracy %.4f after %d rounds (%s)", summary["status"], summary["final_test_acc"],
-                 summary["rounds_completed"], run_dir)
+        result = f"final test accuracy {summary['final_test_acc']:.4f}" + (
+            f", mean client accuracy {client_mean:.4f}" if client_mean is not None else "")
+    log.info("%s: %s %s%s", summary["status"], result, where, _to_target(summary))
+
+
+def _to_target(summary: dict) -> str:
+    """`; target_acc 0.9 reached at round 12, time_to_target 85.3 s`, or that it was not reached; '' without one."""
+    target = summary.get("target_acc")
+    if target is None:
+        return ""
+    if summary.get("rounds_to_target") is None:
+        return f"; target_acc {target} not reached"
+    time = summary.get("time_to_target")
+    return (f"; target_acc {target} reached at round {summary['rounds_to_target']}"
+            + (f", time_to_target {time:.1f} s" if time is not None else ""))
 
 
 def _sweep_job() -> bool:
@@ -267,7 +290,8 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     # fed.settings: num_clients=null is now the dataset's number of clients
     loop = federation_loop(fed, fed.settings, run_dir, summary_base, checkpoint)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    save_partition_report(fed.partition, run_dir)
+    save_partition_report(fed.partition, run_dir, partition_title(choices.get("partition"), config.get("partition") or {},
+                                                                   choices.get("dataset")))
     return loop
 
 
@@ -314,7 +338,8 @@ def job_outcome(run_dir: str | Path, resume: bool, summary: dict | None = None,
             log.warning("stopped (Ctrl-C)")
         return {"status": "interrupted"}
     if isinstance(error, SetupError):  # a user error, not a bug: the message alone, without a traceback
-        log.error("%s", error)
+        # said once a sweep: every job missing the same data fails alike (the sweep's end counts them)
+        log.log(logging.ERROR if first_time(str(error)) else logging.DEBUG, "%s", error)
         return {"status": "failed", "error": str(error), "folder_held": isinstance(error, FolderHeld)}
     if error is not None:  # the traceback is in the job's summary.json, the count at the sweep's end
         log.error("job failed: %s: %s (traceback in %s)", type(error).__name__, error, Path(run_dir) / "summary.json")

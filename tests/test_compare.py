@@ -14,7 +14,7 @@ from scipy.stats import qmc
 from conftest import compose_config
 from fedagg.compare import study as studies
 from fedagg.compare.protocol import make_protocol, score, select, selection_csv
-from fedagg.compare.space import Param, grid, grid_default, search_space
+from fedagg.compare.space import Param, default_problem, search_space
 from fedagg.config.constraints import Range, Tune
 from fedagg.data.device import DeviceData
 from fedagg.run import train
@@ -149,24 +149,36 @@ def in_range(u, low, high):
     return float(f"{10 ** (math.log10(low) + u * (math.log10(high) - math.log10(low))):.6g}")
 
 
+def expected_trials(space, n, seed):
+    """Trial 0: the defaults; trial k >= 1: Sobol point k-1 mapped into each (log) range."""
+    ranges = [(p.tune.low, p.tune.high) for p in space]
+    return [{p.key: p.default for p in space}] + [
+        {p.key: in_range(u, *r) for p, u, r in zip(space, row, ranges)} for row in sobol(len(space), n - 1, seed)]
+
+
 @pytest.mark.parametrize("kill_after", [None, 1, 3])
-@pytest.mark.parametrize("space", [SPACE1, SPACE2], ids=["grid", "design+tpe"])
+@pytest.mark.parametrize("space", [SPACE1, SPACE2], ids=["1d", "2d"])
 def test_each_method_gets_exactly_its_budget_and_a_resumed_study_asks_the_same(tmp_path, space, kill_after):
     # in memory (SQLite costs seconds here); the kill is a new study object on the same storage, as in a new process;
-    # killed after 1 or 3 told trials: inside the design's first and second wave (budget 5: a design of 4, then TPE)
+    # killed after 1 or 3 told trials: inside the first and the second wave of 2
     straight = drive(optuna.storages.InMemoryStorage(), space, budget=5, batch=2)
     resumed_storage = optuna.storages.InMemoryStorage()
     resumed = drive(resumed_storage, space, budget=5, batch=2, kill_after=kill_after)
     assert [n for n, _, _ in straight] == list(range(5))
     assert resumed == straight
     assert len(studies.finished(studies.open_study(resumed_storage, "m"))) == 5
-    values = [v for _, v, _ in straight]
-    if space is SPACE1:  # a line: exactly the budget's grid points, shifted through the default 0.05, ends included
-        assert sorted(v["client.lr"] for v in values) == grid(space[0], 5) == [1e-3, 0.005, 0.05, 0.5, 5.0]
-    else:  # the design's 4 points (drive's seed 3), then one trial of TPE's
-        expected = [{"aggregator.tau": in_range(a, 1e-5, 0.1), "client.lr": in_range(b, 1e-3, 3.0)}
-                    for a, b in sobol(2, 4, seed=3)]
-        assert values[:4] == expected and values[4] not in expected
+    assert [v for _, v, _ in straight] == expected_trials(space, 5, seed=3)
+
+
+def test_a_grown_budget_continues_the_design_and_waves_change_nothing():
+    storage = optuna.storages.InMemoryStorage()
+    four = drive(storage, SPACE2, budget=4, batch=1)
+    eight = drive(storage, SPACE2, budget=8, batch=3)  # the same study, a larger budget: only the new trials
+    straight = drive(optuna.storages.InMemoryStorage(), SPACE2, budget=8, batch=2)
+    assert [n for n, _, _ in eight] == [4, 5, 6, 7]
+    assert four + eight == straight
+    assert [v for _, v, _ in straight] == expected_trials(SPACE2, 8, seed=3)
+    assert studies.next_trials(studies.open_study(storage, "m"), SPACE2, 8, 1, seed=3) == []  # nothing left
 
 
 def compose_space(*overrides):
@@ -184,36 +196,38 @@ def first_trials(space, budget, n, seed=0):
     return out
 
 
-def test_the_one_number_grid_passes_through_the_default():
-    space = compose_space("aggregator=fedavg")
-    assert [(p.key, p.default) for p in space] == [("client.lr", 0.05)]  # conf/client/sgd.yaml
-    # evenly spaced in log10 over [-3, 0.5], shifted onto log10(0.05); the top point, pushed past 0.5, clamped
-    points = np.linspace(-3, 0.5, 4)
-    shift = math.log10(0.05) - points[np.argmin(abs(points - math.log10(0.05)))]
-    expected = [10 ** v for v in np.clip(points + shift, -3, 0.5)]
-    values = [v["client.lr"] for v in first_trials(space, budget=4, n=4)]
-    assert values == grid(space[0], 4) and values == pytest.approx(expected, rel=1e-5)
-    assert values[1] == 0.05 and values[3] == 10 ** 0.5  # the default exactly, the clamped end exactly
-    assert 0.5 * 3.5 / 3 >= abs(shift) > 0  # at most half a step
-    assert grid(space[0], 1) == [0.05]  # one trial: the default
-    outside = Param("client.lr", Tune(1.0, 10.0, log=True), 0.05)
-    assert grid_default(outside) == "its default 0.05 lies outside the range [1, 10]"
-    assert grid(outside, 3) == [1.0, float(f"{10 ** 0.5:.6g}"), 10.0]  # the plain grid
-    assert grid_default(Param("client.lr", Tune(1.0, 10.0), "x")) == "its default 'x' is not a number"
+def unit(space, values):
+    """Where each value lies in its range, as a share of the range (log or linear), all trials in one list."""
+    f = {True: math.log, False: float}
+    return [(f[p.tune.log](v[p.key]) - f[p.tune.log](p.tune.low)) / (f[p.tune.log](p.tune.high) - f[p.tune.log](p.tune.low))
+            for v in values for p in space]
 
 
-@pytest.mark.parametrize("budget", [4, 16])
-def test_the_first_four_trials_of_a_method_cover_each_quarter_of_every_range(budget):
+def test_every_method_starts_from_its_defaults_then_the_same_unit_points_in_its_own_ranges():
+    fedavg, fedntd = compose_space("aggregator=fedavg"), compose_space("client/objective=fedntd")
+    moon = compose_space("client/objective=moon")
+    assert [(p.key, p.default) for p in fedavg] == [("client.lr", 0.05)]  # conf/client/sgd.yaml
+    a, b, c = (first_trials(space, budget=4, n=4) for space in (fedavg, fedntd, moon))
+    assert a[0] == {"client.lr": 0.05}  # FedAvg's four trials: its default, then three Sobol points
+    assert b[0] == {p.key: p.default for p in fedntd} and c[0] == {p.key: p.default for p in moon}
+    assert len(fedntd) == len(moon) == 3  # as many dimensions: the same points of the unit cube, each in its ranges
+    assert unit(fedntd, b[1:]) == pytest.approx(unit(moon, c[1:]), abs=1e-5)
+    assert unit(fedntd, b[1:]) == pytest.approx(sobol(3, 3, seed=0).ravel(), abs=1e-5)
+    assert unit(fedavg, a[1:]) == pytest.approx(sobol(1, 3, seed=0).ravel(), abs=1e-5)
+    assert first_trials(fedavg, budget=4, n=4, seed=1)[1:] != a[1:]  # sampler_seed moves the design
+    assert default_problem(Param("client.lr", Tune(1.0, 10.0), None)) == "its default None is not a number"
+
+
+@pytest.mark.parametrize("budget", [5, 16])
+def test_the_four_trials_after_the_defaults_cover_each_quarter_of_every_range(budget):
     space = compose_space("client/objective=fedprox")
     assert [p.key for p in space] == ["client.lr", "client.objective.mu"]
-    trials = first_trials(space, budget, n=4)
+    trials = first_trials(space, budget, n=5)[1:]
     ranges = {"client.lr": (1e-3, 10 ** 0.5), "client.objective.mu": (1e-3, 1.0)}
     for key, (low, high) in ranges.items():
         quarters = [math.floor(4 * math.log(t[key] / low) / math.log(high / low)) for t in trials]
         assert sorted(quarters) == [0, 1, 2, 3], (key, [t[key] for t in trials])
-    expected = [{k: in_range(u, *ranges[k]) for k, u in zip(ranges, row)} for row in sobol(2, 4, seed=0)]
-    assert trials == expected
-    assert studies.design_size(budget) == {4: 4, 16: 6}[budget]
+    assert trials == [{k: in_range(u, *ranges[k]) for k, u in zip(ranges, row)} for row in sobol(2, 4, seed=0)]
 
 
 def test_selection_csv_has_one_row_per_trial():

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra._internal.callbacks import Callbacks
@@ -19,6 +20,7 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.types import HydraContext
 from omegaconf import OmegaConf
+from scipy.stats import qmc
 
 from conftest import CONF, ROOT, SHARED_DATA, needs_mnist
 from fedagg.compare.report import chosen_table
@@ -129,8 +131,8 @@ def test_an_own_method_is_compared_through_the_command_lines_searchpath(tmp_path
     assert spaces(methods) == {"fedavg": {"client.lr": LR},
                                "median_norm": {"aggregator.tolerance": (1.0, 10.0, True), "client.lr": LR}}
     assert methods["median_norm"]["picks"] == ["aggregator=median_norm"]
-    assert notes[-1] == ("median_norm: 4 trial(s) from a Sobol design over aggregator.tolerance, client.lr "
-                         "(sampler_seed=0)")
+    assert notes[-1] == ("median_norm: 2 tuned dimension(s), 4 trial(s): its defaults (aggregator.tolerance=2, "
+                         "client.lr=0.05), then 3 point(s) of a scrambled Sobol design in its ranges (sampler_seed=0)")
     line = refusal(tmp_path / "b", "methods=[fedavg,median_nrom]", searchpath)  # the list names the user's own
     assert line.startswith("methods: 'median_nrom' is not an aggregator or a client objective; choose from abavg,")
     assert ", median, median_norm, moon, multikrum," in line
@@ -212,9 +214,10 @@ def test_a_tuned_key_set_on_the_command_line_is_fixed(tmp_path):
     assert [(p.key, p.default, p.fixed) for p in methods["fedprox"]["fixed"]] == [("client.lr", 0.1, True)]
     assert "client.lr=0.1" in runs  # every run of every method takes it
     assert notes == ["fedavg: client.lr=0.1 is fixed by the command line, not tuned",
-                     "fedavg: nothing left to tune: one trial, not budget=4 identical ones",
+                     "fedavg: nothing left to tune: one trial (its defaults), not budget=4 identical ones",
                      "fedprox: client.lr=0.1 is fixed by the command line, not tuned",
-                     "fedprox: client.objective.mu on a grid of 4 point(s) through its default 0.01: 0.001, 0.01, 0.1, 1"]
+                     "fedprox: 1 tuned dimension(s), 4 trial(s): its defaults (client.objective.mu=0.01), then 3 "
+                     "point(s) of a scrambled Sobol design in its ranges (sampler_seed=0)"]
     selection = [{"method": "fedprox", "trial": 0, "params": {"client.objective.mu": 0.01}, "chosen": True}]
     table = chosen_table(selection, {"fedprox": methods["fedprox"]["space"] + methods["fedprox"]["fixed"]}).grid
     assert list(table["setting"]) == ["client.objective.mu", "client.lr"]
@@ -300,12 +303,14 @@ def test_an_own_method_from_its_folder_with_config_dir_between_the_overrides_and
                            "hydra.sweep.dir=out"], cwd=own_folder, env=env, capture_output=True, text=True, timeout=600)
     out = messages(proc.stdout + proc.stderr)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, "\n".join(out[-30:])
-    assert "fedavg: nothing left to tune: one trial, not budget=2 identical ones" in out
-    assert "median_norm: aggregator.tolerance on a grid of 2 point(s) through its default 2.0: 2, 10" in out
+    assert "fedavg: nothing left to tune: one trial (its defaults), not budget=2 identical ones" in out
+    assert ("median_norm: 1 tuned dimension(s), 2 trial(s): its defaults (aggregator.tolerance=2), then 1 point(s) of "
+            "a scrambled Sobol design in its ranges (sampler_seed=0)") in out
     folder = own_folder / "out"
     rows = [(r["method"], r["trial"], json.loads(r["params"])) for r in selection(folder)]
+    u = qmc.Sobol(1, scramble=True, seed=np.random.default_rng(0)).random(1)[0, 0]  # the design's first point
     assert rows == [("fedavg", "0", {}), ("median_norm", "0", {"aggregator.tolerance": 2.0}),
-                    ("median_norm", "1", {"aggregator.tolerance": 10.0})]
+                    ("median_norm", "1", {"aggregator.tolerance": float(f"{10 ** u:.6g}")})]
     for run in ("tune/median_norm/t001/s0", "confirm/default/fedavg/s1", "confirm/tuned/median_norm/s1"):
         config = json.loads((folder / run / "summary.json").read_text())["config"]
         assert config["client"]["lr"] == 0.1 and config["aggregator"]["_target_"] in (

@@ -43,8 +43,12 @@ def test_runs_of_other_settings_pooled_as_seeds_are_refused_naming_the_setting(t
     monkeypatch.setattr(plots.plt, "close", figures.append)  # keep the figure to read its panel titles
     for run in runs:
         run["weights"] = [{"round": 1, "client": 0, "weight": 1.0}]
-    plots.plot_weights(runs, tmp_path, 12, ["system"])
+    plots.plot_weights(runs, tmp_path, 12, ["system"])  # a panel per run: every seed
     titles = sorted(ax.get_title() for ax in figures[0].axes if ax.get_visible())
+    assert titles == [f"{m} · system={s} · seed {seed}" for m in ("fedavg", "median") for s in ("dropout", "none")
+                      for seed in (0, 1)]
+    plots.plot_weights(runs, tmp_path, 4, ["system"])  # four panels: every cell's first seed
+    titles = sorted(ax.get_title() for ax in figures[1].axes if ax.get_visible())
     assert titles == ["fedavg · system=dropout · seed 0", "fedavg · system=none · seed 0",
                       "median · system=dropout · seed 0", "median · system=none · seed 0"]
     monkeypatch.undo()

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from fedagg.compare.protocol import Protocol, last_rounds, write_atomically  # noqa: E402
 from fedagg.compare.space import Param  # noqa: E402
+from fedagg.compare.verdict import method_table, worse_than_defaults  # noqa: E402
 from fedagg.results import comparison, render, stats  # noqa: E402
 from fedagg.results.figure import colors, comparison_figure  # noqa: E402
 from fedagg.results.derived import LAST_K, add_derived  # noqa: E402
@@ -172,7 +173,15 @@ def write_report(folder: Path, protocol: Protocol, spaces: dict[str, list[Param]
                    f"more than {FRAGILE_SD:g} × {100 * noise:.2f} points, the comparison's seed-to-seed sd, and at least "
                    f"{100 * FRAGILE_FLOOR:g} point below its other seeds): a fragile "
                    f"choice; confirm on more seeds, or tune on two seeds (tune_seeds=[0,1]).</p><ul>{items}</ul>")
+    worse = worse_than_defaults(selection, values, p)
+    if worse:
+        items = "".join(f"<li>{html.escape(names.get(m, m))}: tuned {100 * t:.2f}, defaults {100 * d:.2f}</li>"
+                        for m, (t, d) in worse.items())
+        warning += (f"<p><strong>Tuned choices that confirm worse than their defaults</strong> (the mean of "
+                    f"{METRIC} over the confirm seeds; on validation the choice scored at least as well as the "
+                    f"defaults, its first trial):</p><ul>{items}</ul>")
     sections = [("What was compared", f"<p>{html.escape(what)}</p>{warning}"),
+                ("Tuning per method", render.Table([method_table(selection, spaces, values, p, names)]).to_html()),
                 ("Tuning curves", image(tuning_curves(selection, p, work / "tuning.png", names), "tuning curves")),
                 ("Chosen values against their ranges", render.Table([chosen_table(selection, spaces, names)]).to_html())]
     if table is not None:
@@ -193,6 +202,9 @@ def write_report(folder: Path, protocol: Protocol, spaces: dict[str, list[Param]
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>fair comparison</title><style>{STYLE}</style>"
             f"</head><body><h1>fedagg fair comparison: {html.escape(folder.name)}</h1>{body}</body></html>")
     write_atomically(folder / "report.html", page)
+    for m, (t, d) in worse.items():
+        log.warning("%s: its tuned choice confirms worse than its defaults (%.2f < %.2f); see report.html",
+                    names.get(m, m), 100 * t, 100 * d)
     for (m, k), why in flagged.items():
         log.warning("%s (%s): its confirm seeds disagree (%s); see report.html", names.get(m, m), k, "; ".join(why))
     return folder / "report.html"

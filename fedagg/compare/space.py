@@ -75,37 +75,17 @@ def _short(v: float) -> float:
     return float(f"{v:.6g}")  # short, exact in the override strings
 
 
-def grid_default(param: Param) -> str | None:
-    """Why a grid over the parameter's range cannot pass through its default, or None when it can."""
-    d, t = param.default, param.tune
+def default_problem(param: Param) -> str | None:
+    """Why the method's default cannot be its first trial (it is not a number), or None."""
+    d = param.default
     if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
         return f"its default {d!r} is not a number"
-    if not t.low <= d <= t.high:
-        return f"its default {d:g} lies outside the range [{t.low:g}, {t.high:g}]"
     return None
 
 
-def grid(param: Param, points: int) -> list[float]:
-    """`points` values spread evenly over the range (in log space for a log range), both ends included, shifted by
-    at most half a step so that one of them is the method's default: tuning then compares the default with its
-    neighbours instead of stepping over it; the one point the shift moves past an end is clamped to that end.
-    Without a usable default (`grid_default`), the evenly spread values themselves."""
-    t, default = param.tune, param.default
-    usable = grid_default(param) is None
-    if points == 1:
-        return [float(default)] if usable else [_short(math.sqrt(t.low * t.high) if t.log else (t.low + t.high) / 2)]
-    lo, hi = _scale(t)
-    step = (hi - lo) / (points - 1)
-    values = [lo + step * i for i in range(points)]
-    at = None
-    if usable:
-        d = math.log(default) if t.log else float(default)
-        at = min(range(points), key=lambda i: abs(values[i] - d))  # the nearest point moves onto the default
-        values = [min(max(v + d - values[at], lo), hi) for v in values]
-    out = [min(max(_short(math.exp(v) if t.log else v), float(t.low)), float(t.high)) for v in values]
-    if at is not None:
-        out[at] = float(default)
-    return out
+def outside(param: Param) -> bool:
+    """The default lies outside the declared range: the defaults trial runs it as it is, the others stay inside."""
+    return not param.tune.low <= param.default <= param.tune.high
 
 
 def point(param: Param, u: float) -> float | int:

@@ -3,7 +3,7 @@
 A download goes into a scratch folder beside the dataset, is checked against its MD5 (or the
 SHA-256 its publisher gives, written "sha256:<hex>"),
 extracted there, and only then renamed into place, so an interrupted, refused or failed
-download leaves nothing half-written. Runs that need the same dataset at once (the jobs of
+download leaves nothing half-written (nor the empty folders it made for the data). Runs that need the same dataset at once (the jobs of
 a sweep) take a lock per dataset and folder, kept in the cache rather than the data folder,
 and the second finds the files the first put there. The official URLs and checksums are
 torchvision's for MNIST, Fashion-MNIST and CIFAR, the archive's own for Tiny-ImageNet, and
@@ -125,7 +125,7 @@ def fetch(name: str, root: Path, how: str, present: Callable[[], bool], only: Se
     with _lock(name, root):
         if present():
             return
-        scratch = None
+        scratch, made = None, [d for d in (root, *root.parents) if not d.exists()]  # deepest first
         try:
             root.mkdir(parents=True, exist_ok=True)
             scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-download-"))
@@ -145,6 +145,13 @@ def fetch(name: str, root: Path, how: str, present: Callable[[], bool], only: Se
             error = DownloadError(f"{name}: could not download {url} into {root} ({reason}); to provide it by hand, "
                                   f"{how}, or set data.download=false to be told what is missing")
             error.reason = f"could not download {url} into {root} ({reason})"  # for a caller's own sentence
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            for folder in made:  # the folders made for it: a data folder that looks ready but holds nothing
+                try:
+                    folder.rmdir()
+                except OSError:  # another run's files came in meanwhile
+                    break
             raise error from err
         finally:
             if scratch is not None:

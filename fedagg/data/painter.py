@@ -26,9 +26,10 @@ def start_drawing() -> None:
         _painter._start()
 
 
-def ask(json_path: Path, png: Path, digest: str) -> None:
-    """Have `png` drawn from the split in `json_path` (`digest`: the split's, to copy a picture drawn before)."""
-    _painter.ask(json_path, png, digest)
+def ask(json_path: Path, png: Path, digest: str, title: str | None = None) -> None:
+    """Have `png` drawn from the split in `json_path` (`digest`: the split's and the title's, to copy a picture drawn
+    before; `title`: what partition it shows)."""
+    _painter.ask(json_path, png, digest, title)
 
 
 def drawn(path: str | Path | None = None) -> None:
@@ -46,11 +47,12 @@ class _Painter:
         self.first: dict[str, Path] = {}  # a split's digest -> its first picture in this process
         self.used = False  # the running process was asked for a picture
 
-    def ask(self, json_path: Path, png: Path, digest: str) -> None:
+    def ask(self, json_path: Path, png: Path, digest: str, title: str | None = None) -> None:
         if not self._running() and not self._start():
             return
         copy_from = self.first.setdefault(digest, png)
-        request = {"json": str(json_path), "png": str(png), "copy_from": None if copy_from == png else str(copy_from)}
+        request = {"json": str(json_path), "png": str(png), "copy_from": None if copy_from == png else str(copy_from),
+                   "title": title}
         try:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()

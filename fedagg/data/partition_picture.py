@@ -6,8 +6,8 @@ of its 3.3 s on it). This file imports nothing of fedagg (nor torch), so the dra
 of a second; one serves every picture of the process that started it.
 
 A request is one JSON line {"json": partition.json, "png": the picture to write, "copy_from": a picture of the
-same split drawn before, or null}; the reply one JSON line {"png": ..., "how": "drawn" | "copied", or "error": ...},
-in the order asked. Up to `BARS_MAX` clients the picture has a bar per client; beyond that (FEMNIST has 3,597
+same split drawn before, or null, "title": the partition it shows (`dirichlet alpha=0.5 of digits`), or null}; the
+reply one JSON line {"png": ..., "how": "drawn" | "copied", or "error": ...}, in the order asked. Up to `BARS_MAX` clients the picture has a bar per client; beyond that (FEMNIST has 3,597
 writers) bars are thinner than a pixel and take seconds to draw, so it summarises them: a histogram of client
 sizes and a heatmap of each client's label shares.
 """
@@ -34,7 +34,7 @@ def serve(requests, replies) -> None:
         png = Path(request["png"])
         tmp = png.with_name(png.name + ".tmp")
         try:
-            how = answer(Path(request["json"]), png, tmp, request.get("copy_from"))
+            how = answer(Path(request["json"]), png, tmp, request.get("copy_from"), request.get("title"))
             os.replace(tmp, png)  # readers never see half a picture
             reply = {"png": str(png), "how": how}
         except Exception as err:  # noqa: BLE001 - a picture that fails must not fail the run it illustrates
@@ -44,12 +44,12 @@ def serve(requests, replies) -> None:
         replies.flush()
 
 
-def answer(json_path: Path, png: Path, tmp: Path, copy_from: str | None) -> str:
+def answer(json_path: Path, png: Path, tmp: Path, copy_from: str | None, title: str | None = None) -> str:
     text = json_path.read_text()
     if copy_from is not None and _stands_beside(Path(copy_from), text):
         shutil.copyfile(copy_from, tmp)
         return "copied"
-    draw(json.loads(text), tmp)
+    draw(json.loads(text), tmp, title)
     return "drawn"
 
 
@@ -61,8 +61,14 @@ def _stands_beside(png: Path, text: str) -> bool:
         return False
 
 
-def draw(stats: dict, path: Path) -> None:
-    (plot_bars if stats["num_clients"] <= BARS_MAX else plot_summary)(stats, path)
+def draw(stats: dict, path: Path, title: str | None = None) -> None:
+    (plot_bars if stats["num_clients"] <= BARS_MAX else plot_summary)(stats, path, title)
+
+
+def heading(stats: dict, title: str | None) -> str:
+    """`Partition dirichlet alpha=0.5 of digits` over `10 clients, ...`: which split, then its size."""
+    return f"Partition{' ' + title if title else ''}\n{stats['num_clients']} clients, {stats['total']} samples, " \
+           f"{stats['num_classes']} classes"
 
 
 def class_colors(num_classes: int) -> list:
@@ -75,7 +81,7 @@ def class_colors(num_classes: int) -> list:
     return list(matplotlib.colormaps["turbo"].resampled(num_classes)(np.arange(num_classes)))
 
 
-def plot_bars(stats: dict, path: Path) -> None:
+def plot_bars(stats: dict, path: Path, title: str | None = None) -> None:
     # imported here: matplotlib takes most of a second to import, and only this picture needs it
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -111,7 +117,7 @@ def plot_bars(stats: dict, path: Path) -> None:
     ax.tick_params(axis="y", labelsize=8 if k > 20 else 10)
     ax.set_xlabel("samples")
     ax.set_ylabel("client")
-    ax.set_title(f"Partition: {k} clients, {stats['total']} samples, {c} classes")
+    ax.set_title(heading(stats, title))
     ax.grid(axis="x", alpha=0.3)
     ax.margins(x=0.02)
     if c <= LEGEND_MAX:
@@ -120,10 +126,10 @@ def plot_bars(stats: dict, path: Path) -> None:
     else:
         scale = ScalarMappable(Normalize(-0.5, c - 0.5), matplotlib.colormaps["turbo"].resampled(c))
         fig.colorbar(scale, ax=ax, label="class", fraction=0.03, aspect=40)
-    fig.savefig(path, dpi=100, format="png")
+    fig.savefig(path, dpi=100, format="png", metadata={"Title": heading(stats, title)})  # the title as text, too
 
 
-def plot_summary(stats: dict, path: Path) -> None:
+def plot_summary(stats: dict, path: Path, title: str | None = None) -> None:
     """Many clients: how their sizes spread, and each one's label shares as a row of a heatmap."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -138,14 +144,14 @@ def plot_summary(stats: dict, path: Path) -> None:
     top.hist(sizes, bins=min(50, max(10, int(np.sqrt(k)))), color="tab:blue")
     top.set_xlabel("client size (samples)")
     top.set_ylabel("clients")
-    top.set_title(f"Partition: {k} clients, {stats['total']} samples, {c} classes "
+    top.set_title(f"{heading(stats, title)} "
                   f"(sizes {int(sizes.min())}-{int(sizes.max())}, median {int(np.median(sizes))})")
     image = bottom.imshow(shares, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1,
                           extent=(-0.5, c - 0.5, k - 0.5, -0.5))  # client 0 at the top, as in partition.json
     bottom.set_xlabel("class")
     bottom.set_ylabel("client")
     fig.colorbar(image, ax=bottom, label="share of the client's samples", fraction=0.03, aspect=40)
-    fig.savefig(path, dpi=100, format="png")
+    fig.savefig(path, dpi=100, format="png", metadata={"Title": heading(stats, title)})
 
 
 if __name__ == "__main__":

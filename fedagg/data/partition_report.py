@@ -38,8 +38,17 @@ def partition_stats(labels: Tensor, parts: list[Tensor], num_classes: int) -> di
             "total": sum(c["size"] for c in clients), "clients": clients}
 
 
-def save_partition_report(stats: dict, run_dir: str | Path) -> None:
-    """Write run_dir/partition.json and have run_dir/partition.png drawn, unless a resumed run's folder has them."""
+def partition_title(choice: str | None, params: dict, dataset: str | None = None) -> str:
+    """What partition.png's title names: the partition chosen and its parameters, and the dataset
+    (`dirichlet alpha=0.5 min_size=10 of digits`)."""
+    shown = [f"{k}={v}" for k, v in params.items() if k not in ("_target_", "_partial_") and v is not None
+             and not isinstance(v, (dict, list))]
+    return " ".join([choice or "partition", *shown] + ([f"of {dataset}"] if dataset else []))
+
+
+def save_partition_report(stats: dict, run_dir: str | Path, title: str | None = None) -> None:
+    """Write run_dir/partition.json and have run_dir/partition.png drawn (`title`: the partition it shows, see
+    `partition_title`), unless a resumed run's folder has them."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(stats, indent=1)
@@ -49,4 +58,5 @@ def save_partition_report(stats: dict, run_dir: str | Path) -> None:
         return  # the same split: drawn once
     json_path.write_text(text)
     png.unlink(missing_ok=True)  # an earlier split's picture must not stand for this one
-    ask(json_path, png, hashlib.sha256(text.encode()).hexdigest())
+    # the same split under another title (shards of an iid split) is drawn again, not copied
+    ask(json_path, png, hashlib.sha256(f"{title}\n{text}".encode()).hexdigest(), title)

@@ -25,7 +25,7 @@ class CompareSweeperConf:
     baseline: Any = _key(None, "the method the paired statistics compare against (null: the first)")
     val_frac: Any = _key(0.1, "each client's validation share while the command line leaves client.val_frac null")
     batch: Any = _key(1, "trials of each method launched together (a parallel launcher runs them at once)")
-    sampler_seed: Any = _key(0, "the seed of the first trials' design and of TPE")
+    sampler_seed: Any = _key(0, "the seed of the trials' Sobol design (trial 0: each method's defaults)")
     validation: Any = _key("split", "split: score on every client's own validation split; clients: on held-out clients")
     held_out: Any = _key(0.2, "with validation=clients: the share of the clients never trained on")
     # an experiment file's sweep for Hydra's basic sweeper: read for the settings it fixes (arguments.py)

@@ -24,6 +24,23 @@ from fedagg.tracking.files import write_json
 LEDGER, LEDGER_ENV = ".jobs", "FEDAGG_SWEEP_LEDGER"  # each job's outcome, for the sweep's summary (SweepSummary)
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 log = logging.getLogger("fedagg")
+_said: set[str] = set()  # the errors a sweep's jobs have said in this process
+
+
+def first_time(error: str) -> bool:
+    """Whether this process's jobs have not said `error` before (and it now counts as said): a sweep whose jobs all
+    miss the same data says so once, not once a job."""
+    new = error not in _said
+    _said.add(error)
+    return new
+
+
+def listed(folders: list[str], most: int = 10) -> str:
+    """`/sweep/ 0, 1, 2`: folders of one parent named once, at most `most` of them."""
+    parents = {os.path.dirname(f) for f in folders}
+    names = [os.path.basename(f) for f in folders] if len(parents) == 1 else folders
+    text = ", ".join(names[:most]) + (" …" if len(names) > most else "")
+    return f"{parents.pop()}/ {text}" if len(parents) == 1 else text
 
 
 def concurrent_jobs(hydra_cfg) -> int:
@@ -163,9 +180,16 @@ class SweepSummary(Callback):
         counts = Counter(job["status"] for job in jobs)
         log.info("sweep %s: %s", sweep, ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no runs")
         failed = [job for job in jobs if job["status"] == "failed"]
+        by_error: dict[str, list[str]] = {}  # the jobs that failed alike (the data missing for all) said at once
         for job in failed:
-            error = (str(job.get("error", "")).splitlines() or [""])[0][:600]
-            log.error("failed: %s", error if error.startswith(job["folder"]) else f"{job['folder']}: {error}")
+            by_error.setdefault((str(job.get("error", "")).splitlines() or [""])[0][:600], []).append(job["folder"])
+        for error, folders in by_error.items():
+            if len(folders) == 1:
+                log.error("failed: %s", error if error.startswith(folders[0]) else f"{folders[0]}: {error}")
+            elif error in _said:  # a line of this process said it during the sweep
+                log.error("failed: %d jobs (%s) with the error above", len(folders), listed(folders))
+            else:
+                log.error("failed: %d jobs (%s): %s", len(folders), listed(folders), error)
         # resume=true finds another configuration's run in a job's folder: the sweep's values differ from the first
         # launch's, and Hydra numbers the folders in the order of the values
         numbered = str(config.hydra.sweep._get_node("subdir")._value()) == "${hydra.job.num}"  # Hydra's default

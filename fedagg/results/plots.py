@@ -126,6 +126,28 @@ def describe(run: dict, axes: list[str] = ()) -> tuple[str, str]:
     return panel, str(method).rsplit(".", 1)[-1]
 
 
+NOT_PARAMS = ("_target_", "_partial_")  # how a YAML node is built, not what it chose
+
+
+def setting_title(runs: list[dict], method: bool = True) -> str:
+    """What the runs of a panel share, from their choices: the method (one only) and the dataset, over the partition
+    and its parameters (`FedAvg · digits` over `dirichlet alpha=0.5 min_size=10`). A panel's title when the sweep
+    varies nothing else, in place of the folder's name (a timestamp)."""
+    def shared(text_of) -> str:
+        texts = {text_of(run["summary"]) for run in runs}
+        return texts.pop() if len(texts) == 1 else ""
+
+    def partition(s: dict) -> str:
+        params = lookup(s, "config.partition") or {}
+        shown = [f"{k}={key_text(v)}" for k, v in params.items() if k not in NOT_PARAMS and v is not None
+                 and not isinstance(v, (dict, list))]
+        return " ".join([lookup(s, "choices.partition") or "", *shown]).strip()
+
+    head = [shared(lambda s: str(s.get("method_name") or s.get("method") or "")) if method else "",
+            shared(lambda s: lookup(s, "choices.dataset") or "")]
+    return "\n".join(t for t in (" · ".join(p for p in head if p), shared(partition)) if t)
+
+
 def series(runs: list[dict], column: str, scale: float = 1.0) -> tuple[list[int], list[float], list[float]]:
     """Mean and std over runs of one metrics column, on the rounds every run evaluated."""
     per_round = defaultdict(list)
@@ -173,7 +195,7 @@ def plot_curves(groups: dict, out: Path, name: str, columns: list[tuple[str, str
                 if len(runs) > 1:
                     ax.fill_between(rounds, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                                     color=color, alpha=0.15, linewidth=0)
-        ax.set_title(panel or out.name, fontsize=10)
+        ax.set_title(panel or setting_title([r for runs in lines.values() for r in runs]) or out.name, fontsize=10)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
@@ -223,7 +245,7 @@ def plot_accuracy_by(groups: dict, out: Path, name: str = "accuracy_bits.png", x
                             marker="o" if len(xs) <= 25 else None, markersize=3)
             if log:
                 log_axis(ax)  # methods that compress send orders of magnitude less
-            title = panel or out.name
+            title = panel or setting_title([r for runs in lines.values() for r in runs]) or out.name
             ax.set_title(title if log else f"{title}: {PER_STEP}", fontsize=10)
             ax.set_xlabel(f"{xlabel} (log scale)" if log else xlabel)
             ax.set_ylabel("test accuracy (%)")
@@ -241,14 +263,18 @@ def column_name(column: str) -> str:
 
 
 def plot_weights(runs: list[dict], out: Path, limit: int, axes: list[str] = ()) -> Path:
-    """Per-client weight trajectories, one panel per run (first seed of each cell), at most `limit`."""
-    chosen, seen = [], set()
-    for run in sorted(runs, key=lambda r: str(r["summary"].get("seed"))):
-        cell = describe(run, axes)
-        if run["weights"] and cell not in seen:
-            seen.add(cell)
-            chosen.append(run)
-    chosen = chosen[:limit] or runs[:1]
+    """Per-client weight trajectories, one panel per run (a seed's clients and draws are its own: seeds are not
+    averaged), at most `limit`: every cell's first seed, then every cell's second, ... so a cut leaves out seeds
+    before it leaves out a cell, and says so."""
+    cells = defaultdict(list)
+    for run in sorted(runs, key=lambda r: (str(type(r["summary"].get("seed"))), r["summary"].get("seed"))):
+        if run["weights"]:
+            cells[describe(run, axes)].append(run)
+    ranked = sorted((i, n, run) for n, seeds in enumerate(cells.values()) for i, run in enumerate(seeds))
+    chosen = [run for _, _, run in ranked[:limit]] or runs[:1]
+    if len(ranked) > limit:
+        print(f"weights.png shows {limit} of {len(ranked)} runs (--max-weight-panels {len(ranked)} shows all)",
+              file=sys.stderr)
     fig, panels = grid(len(chosen))  # not `axes`: that is the sweep axes describe() reads below
     for ax, run in zip(panels, chosen):
         by_client = defaultdict(list)
@@ -260,7 +286,8 @@ def plot_weights(runs: list[dict], out: Path, limit: int, axes: list[str] = ()) 
             points.sort()
             ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=0.9, alpha=0.8, label=f"client {client}")
         panel, line = describe(run, axes)
-        ax.set_title(" · ".join(t for t in (line, panel, f"seed {run['summary'].get('seed')}") if t), fontsize=9)
+        ax.set_title(" · ".join(t for t in (line, panel or setting_title([run], method=False),
+                                            f"seed {run['summary'].get('seed')}") if t), fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("round")
         ax.set_ylabel("aggregation weight")

@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedagg.edge.compare_keys import CompareSweeperConf, protocol_keys  # noqa: F401  (protocol_keys: the API)
 from fedagg.compare.protocol import Protocol, make_protocol, read_rows, score, select, selection_csv, write_atomically
-from fedagg.compare.space import grid, grid_default, search_space
+from fedagg.compare.growth import grown, refusal, set_aside_stale
+from fedagg.compare.space import default_problem, outside, search_space
 from fedagg.loop.splits import scaled_rounds
 from hydra_plugins.fedagg_compare.arguments import read_arguments
 
@@ -87,6 +88,10 @@ class CompareSweeper(Sweeper):
         nodes = {g: OmegaConf.to_container(cfg[g], resolve=True) for g in ("aggregator", "client")}
         linked = {f"{g}.{k}" for g in ("aggregator", "client") for k in _interpolated(cfg[g])}
         declared = search_space(nodes, linked)
+        for p in declared:
+            if p.key not in fixed and (problem := default_problem(p)):
+                raise ValueError(f"methods: {name}: {p.key}: {problem}, and the method's first trial runs its "
+                                 f"defaults; set a number in its config or fix it on the command line ({p.key}=...)")
         return {"picks": picks, "space": [p for p in declared if p.key not in fixed],
                 "fixed": [replace(p, fixed=True) for p in declared if p.key in fixed],
                 "val_frac": cfg.client.get("val_frac"), "config": cfg}
@@ -121,15 +126,17 @@ class CompareSweeper(Sweeper):
         for m, method in methods.items():
             self.check_runs(protocol, m, method)
         folder = Path(self.config.hydra.sweep.dir)
-        record = {"protocol": protocol.as_dict(), "arguments": list(arguments)}
-        saved = folder / "protocol.json"
-        if saved.exists() and json.loads(saved.read_text()) != record:
-            raise ValueError(f"hydra.sweep.dir={folder} holds a comparison with other settings (protocol.json); "
-                             "nothing was changed: rerun it with the same command, or give another hydra.sweep.dir")
+        record = {"protocol": protocol.as_dict(), "arguments": list(arguments), "design": _studies().DESIGN}
+        saved, grew = folder / "protocol.json", []
+        if saved.exists():
+            before = json.loads(saved.read_text())
+            if why := refusal(before, record, folder):
+                raise ValueError(why)
+            grew = grown(before, record)
         folder.mkdir(parents=True, exist_ok=True)
         write_atomically(saved, json.dumps(record, indent=2) + "\n")
-        return protocol, methods, read.runs, read.notes + [line for m, p in methods.items()
-                                                           for line in _plan(m, p, protocol)]
+        return protocol, methods, read.runs, read.notes + grew + [line for m, p in methods.items()
+                                                                  for line in _plan(m, p, protocol)]
 
     # -- the stages ----------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> Any:
@@ -150,6 +157,7 @@ class CompareSweeper(Sweeper):
         jobs = []
         for m in protocol.methods:
             params = chosen[m]["params"]
+            set_aside_stale(folder, m, params)
             for kind, values in (("tuned", params), ("default", {})):
                 for s in protocol.confirm_seeds:
                     jobs.append(base[m] + [f"{k}={_value(v)}" for k, v in values.items()] +
@@ -198,6 +206,10 @@ class CompareSweeper(Sweeper):
     def trial_score(run_dir: Path) -> float | None:
         path = run_dir / "summary.json"
         summary = json.loads(path.read_text()) if path.exists() else {"status": "not started"}
+        if summary["status"] == "failed":  # the same command would fail alike: the error says what to change
+            log.error("tuning stopped: trial %s failed with the error above; once that is fixed, the same command with "
+                      "the same hydra.sweep.dir continues the comparison", run_dir)
+            return None
         if summary["status"] not in ("completed", "diverged"):
             log.error("trial %s: %s; its trial stays open: the same command with the same hydra.sweep.dir continues "
                       "it", run_dir, summary["status"])
@@ -222,17 +234,13 @@ def _plan(name: str, method: dict, protocol: Protocol) -> list[str]:
     space, fixed, budget = method["space"], method["fixed"], protocol.budget
     lines = [f"{name}: {p.key}={p.default} is fixed by the command line, not tuned" for p in fixed]
     if not space:
-        return lines + [f"{name}: nothing left to tune: one trial, not budget={budget} identical ones"]
-    if _studies().on_grid(space):
-        p = space[0]
-        why = grid_default(p)
-        where = f"through its default {p.default}" if why is None else f"not through its default: {why}"
-        values = ", ".join(f"{v:g}" for v in grid(p, budget))
-        return lines + [f"{name}: {p.key} on a grid of {budget} point(s) {where}: {values}"]
-    size = _studies().design_size(budget)
-    then = f", then {budget - size} by TPE" if budget > size else ""
-    return lines + [f"{name}: {size} trial(s) from a Sobol design over {', '.join(p.key for p in space)} "
-                    f"(sampler_seed={protocol.sampler_seed}){then}"]
+        return lines + [f"{name}: nothing left to tune: one trial (its defaults), not budget={budget} identical ones"]
+    lines += [f"{name}: its default {p.key}={p.default:g} lies outside the range [{p.tune.low:g}, {p.tune.high:g}]: "
+              "its first trial runs it, the others stay inside" for p in space if outside(p)]
+    defaults = ", ".join(f"{p.key}={p.default:g}" for p in space)
+    rest = (f", then {budget - 1} point(s) of a scrambled Sobol design in its ranges (sampler_seed="
+            f"{protocol.sampler_seed})") if budget > 1 else ""
+    return lines + [f"{name}: {len(space)} tuned dimension(s), {budget} trial(s): its defaults ({defaults}){rest}"]
 
 
 def _interpolated(node: DictConfig, prefix: str = "") -> list[str]:

@@ -20,15 +20,12 @@ other; a second Ctrl-C stops them at once, as it stops a single run (each keeps 
 """
 
 
-import contextlib
 import copy
 import json
 import logging
-import logging.config
 import os
 import signal
 import time
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Sequence
 
@@ -42,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from fedagg.config.constraints import Range, checked
 from fedagg.tracking.files import write_json
+from hydra_plugins.fedagg_stacked_launcher.console import StartUpOnce, console_logging, job_log_files, job_table, serving
 
 log = logging.getLogger("fedagg")
 
@@ -163,47 +161,6 @@ def form_groups(keys: list[tuple[str | None, str]], max_group: int) -> list[tupl
     return sorted(groups, key=lambda g: g[0][0])
 
 
-def console_logging(job_logging: DictConfig) -> None:
-    """The jobs' logging without its file handlers (each job adds its own: `job_log_files`)."""
-    conf = OmegaConf.to_container(job_logging, resolve=False)
-    files = [name for name, h in conf.get("handlers", {}).items() if "filename" in h]
-    for name in files:
-        del conf["handlers"][name]
-    if conf.get("root"):
-        conf["root"]["handlers"] = [h for h in conf["root"].get("handlers", []) if h not in files]
-        logging.config.dictConfig(conf)
-
-
-_serving: ContextVar[object] = ContextVar("serving", default=None)  # the job whose work the launcher does now
-
-
-@contextlib.contextmanager
-def serving(job: "_Job"):
-    """Within: the launcher works for `job` (prepares it, steps its loop, ends it): log lines go to its file."""
-    token = _serving.set(job)
-    try:
-        yield
-    finally:
-        _serving.reset(token)
-
-
-def job_log_files(config: DictConfig, job: "_Job") -> list[logging.Handler]:
-    """The job's file handlers of its job_logging (e.g. <run dir>/run.log), taking only the lines logged while the
-    launcher serves that job."""
-    conf = OmegaConf.to_container(config.hydra.job_logging, resolve=True) if config.hydra.job_logging else {}
-    handlers = []
-    for h in conf.get("handlers", {}).values():
-        if "filename" not in h:
-            continue
-        handler = get_class(h.get("class", "logging.FileHandler"))(h["filename"])  # fedagg's RunLog: run_log.py
-        fmt = conf.get("formatters", {}).get(h.get("formatter"), {}).get("format")
-        handler.setFormatter(logging.Formatter(fmt))
-        handler.addFilter(lambda record: _serving.get() is job)
-        handlers.append(handler)
-        logging.getLogger().addHandler(handler)
-    return handlers
-
-
 class _Job:
     """A job of a group, as Hydra's `run_job` holds one: its config with the hydra node, the config it runs, what
     it returns to the sweep, its log files; then its prepared run."""
@@ -241,6 +198,7 @@ class StackedLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         self.stopping = self.stopping_now = False
         self.told_auto = False  # the line that engine=auto jobs train with the parallel engine, said once a sweep
+        self.start_up = StartUpOnce()  # the jobs' start-up lines, said once a sweep (a comparison's waves included)
         self.group = None  # the StopRequests of the group being run (fedagg.runtime.interrupts)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -281,6 +239,8 @@ class StackedLauncher(Launcher):
         keys = [group_key(cfg) for cfg in configs]
         groups = form_groups(keys, self.max_group)
         log.info("stacked launcher: %d jobs in %d group(s)", len(configs), len(groups))
+        for line in job_table(job_overrides, initial_job_idx):
+            log.info("%s", line)
         self._auto_to_parallel([configs[i] for positions, _ in groups if len(positions) > 1 for i in positions])
         returns: list[JobReturn | None] = [None] * len(configs)
         for positions, why in groups:
@@ -319,7 +279,7 @@ class StackedLauncher(Launcher):
         from fedagg.loop.drivers import run_alone, run_in_step
         from fedagg.runtime.interrupts import StopRequests
 
-        console_logging(configs[positions[0]].hydra.job_logging)
+        console_logging(configs[positions[0]].hydra.job_logging, self.start_up)
         self.group = stop = StopRequests()  # the signals come to `_stop`, which sets it
         stop.requested = self.stopping
         try:
@@ -335,7 +295,7 @@ class StackedLauncher(Launcher):
                     returns[positions[place]] = JobReturn(status=JobStatus.FAILED, _return_value=err)
                     continue
                 try:
-                    with serving(job):
+                    with serving(job), self.start_up.preparing():
                         outcome = self._prepare(job)
                 except KeyboardInterrupt:  # a second Ctrl-C, outside the run's own setup
                     outcome = {"status": "interrupted"}
