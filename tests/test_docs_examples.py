@@ -17,8 +17,6 @@ from conftest import SHARED_DATA
 from docs_examples import Block, blocks, environment, execute, page_mode, pages, run_lines, verify
 
 MNIST = SHARED_DATA / "MNIST" / "raw" / "train-images-idx3-ubyte.gz"
-ALL = {str(p.relative_to(p.parents[0] if p.name == "README.md" and p.parent.name != "docs" else p.parents[0])): p
-       for p in pages()}
 
 
 def _runs(block: Block, mode: str) -> bool:
