@@ -24,7 +24,7 @@ from fedagg.models.simple import MLP
 from fedagg.run import run_experiment, train
 from tests.test_parallel_engine import _rel, _setup
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[1] / "docs" / "how-to" / "adapters.md").read_text()  # the adapters page
 TOL = 1e-4  # the engines' agreement (tests/test_parallel_engine.py)
 
 

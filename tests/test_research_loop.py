@@ -20,7 +20,7 @@ from conftest import ROOT, SHARED_DATA, needs_mnist
 
 pytest.importorskip("optuna")
 
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "docs" / "tutorials" / "fair-comparison.md").read_text()  # the tutorial page that holds the loop
 SMALLER = {"data.root": str(SHARED_DATA), "rounds": "20", "budget": "1", "tune_seeds": "[0]", "confirm_seeds": "2",
            "num_clients": "10"}
 EXTRA = ["experiment_scale=0.1"]  # 2 rounds on a tenth of the data: the loop, not the accuracy
@@ -56,7 +56,8 @@ def loop(tmp_path_factory) -> tuple[Path, list[subprocess.CompletedProcess]]:
         (folder / name).write_text(block(f"# {name}"))
     done = []
     for argv in commands():
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([".", str(ROOT)]))
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([".", str(ROOT)]),
+                   FEDAGG_DATA=str(SHARED_DATA))  # the page downloads MNIST into ./data; the suite has a copy
         assert argv[:2] in (["PYTHONPATH=.", "python"], ["python", "-m"]), argv
         argv = [a for a in argv if a != "PYTHONPATH=."]
         proc = subprocess.run([sys.executable, *smaller(argv)[1:]], cwd=folder, env=env, capture_output=True,
