@@ -10,6 +10,8 @@ import logging
 import os
 from pathlib import Path
 
+from fedagg.results.values import find
+
 log = logging.getLogger("fedagg")
 GROWS = ("budget", "confirm_seeds")  # what a rerun may raise
 LAUNCH_ONLY = ("batch",)  # how trials are launched: the design does not depend on it
@@ -68,15 +70,6 @@ def grown(saved: dict, record: dict) -> list[str]:
     return lines
 
 
-def _setting(config: dict, key: str):
-    node = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def set_aside_stale(folder: Path, method: str, params: dict) -> Path | None:
     """Move confirm/tuned/<method> aside (to superseded/) when its runs were run with another choice than
     `params` (a grown budget found a better trial): the new choice's runs then start afresh, and nothing run
@@ -84,7 +77,7 @@ def set_aside_stale(folder: Path, method: str, params: dict) -> Path | None:
     runs = folder / "confirm" / "tuned" / method
     for summary in sorted(runs.glob("s*/summary.json")) if runs.exists() else []:
         config = json.loads(summary.read_text()).get("config") or {}
-        if any(_setting(config, k) != v for k, v in params.items()):
+        if any(find(config, k) != v for k, v in params.items()):  # MISSING equals no value
             n = 0
             while (target := folder / "superseded" / f"tuned-{method}-{n}").exists():
                 n += 1
