@@ -30,7 +30,8 @@ def test_the_concurrency_limit_names_the_held_out_clients_when_they_set_it(tmp_p
 
 
 @pytest.mark.parametrize("signum, now", [(signal.SIGINT, "Ctrl-C again"),
-                                         (signal.SIGTERM, f"Ctrl-C or kill -INT {os.getpid()}")])
+                                         (signal.SIGTERM, f"Ctrl-C or kill -INT {os.getpid()}")],
+                         ids=["SIGINT", "SIGTERM"])  # the same ids in every process that collects them
 def test_the_first_stop_signal_says_how_to_stop_at_once(caplog, signum, now):
     stop = StopRequests()
     with caplog.at_level(logging.WARNING, logger="fedagg"):
