@@ -58,14 +58,9 @@ def test_an_own_module_python_cannot_find_is_one_line_naming_it(tmp_path, monkey
     conf.mkdir(parents=True)
     (conf / "my_rule.yaml").write_text("_target_: my_rules.weighted.Diversity\npower: 0.5\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # the user forgot PYTHONPATH=. for their my_rules/
-    done = subprocess.run([sys.executable, "-m", "fedagg.run", "dataset=digits", "rounds=1", "device=cpu",
-                           "aggregator=my_rule", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
-                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True, text=True)
-    said = done.stdout + done.stderr
-    assert done.returncode != 0 and "Traceback" not in said, said
-    assert [line for line in said.splitlines() if line.strip()][-1].endswith(
-        "aggregator._target_=my_rules.weighted.Diversity cannot be imported: Python finds no module 'my_rules'; run "
-        "from the folder that holds my_rules/ with PYTHONPATH=. (or add that folder to PYTHONPATH)"), said
+    search = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
+    _ends_with_the_missing_module_line(["fedagg.run", "dataset=digits", "rounds=1", "device=cpu", "aggregator=my_rule",
+                                        search, f"hydra.run.dir={tmp_path / 'run'}"], env)
     # a module that is found but imports a package that is not installed says that instead
     (tmp_path / "broken_rules.py").write_text("import not_an_installed_package\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -74,9 +69,13 @@ def test_an_own_module_python_cannot_find_is_one_line_naming_it(tmp_path, monkey
     assert str(err.value) == ("aggregator._target_=broken_rules.Rule cannot be imported: its module imports "
                               "'not_an_installed_package', which is not installed")
     # the comparison reads each method's search space from its constructor first: the same line
-    done = subprocess.run([sys.executable, "-m", "fedagg.compare", "methods=[fedavg,my_rule]", "budget=2", "rounds=1",
-                           "dataset=digits", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
-                           f"hydra.sweep.dir={tmp_path / 'compare'}"], cwd=ROOT, env=env, capture_output=True, text=True)
+    _ends_with_the_missing_module_line(["fedagg.compare", "methods=[fedavg,my_rule]", "budget=2", "rounds=1",
+                                        "dataset=digits", search, f"hydra.sweep.dir={tmp_path / 'compare'}"], env)
+
+
+def _ends_with_the_missing_module_line(args: list[str], env: dict) -> None:
+    """The command fails without a traceback, its last line naming the module and PYTHONPATH."""
+    done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True)
     said = done.stdout + done.stderr
     assert done.returncode != 0 and "Traceback" not in said, said
     assert [line for line in said.splitlines() if line.strip()][-1].endswith(
