@@ -18,7 +18,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedagg.compare.protocol import Protocol, last_rounds, write_atomically  # noqa: E402
 from fedagg.compare.space import Param  # noqa: E402
@@ -96,7 +97,8 @@ def tuning_curves(selection: list[dict], protocol: Protocol, path: Path, names: 
         best = [max(scores[: i + 1]) for i in range(len(scores))]
         ax.plot(range(1, len(best) + 1), [100 * b for b in best], marker="o", ms=3, label=names.get(m, m),
                 color=palette[m])
-    ax.set_xlabel("trials")
+    ax.set_xlabel("trials (the first: each method's defaults)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are counted, never 1.5
     ax.set_ylabel("best validation score so far (%)")
     ax.legend(fontsize=8)
     fig.tight_layout()
