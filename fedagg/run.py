@@ -275,15 +275,16 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     checkpoint = load_checkpoint(run_dir, device) if cfg.resume else None
     if cfg.resume and checkpoint is None and (held is not None or not _sweep_job()):
         log.info("resume=true but %s has no checkpoint yet: starting from round 1", run_dir)
+    # the device first: it differs in the config too, and the line below says why it matters
+    started = checkpoint["summary"].get("device", device.type) if checkpoint is not None else device.type
+    if started != device.type:
+        raise ValueError(f"resume=true on {device.type}, but the run started on {started}, where its random streams "
+                         f"differ: resume it with device={started}, or start a new run")
     if checkpoint is not None and (changed := _changed_keys(checkpoint["summary"]["config"], config)):
         raise FolderHeld(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "
                          "resume with the same settings or use a new hydra.run.dir")
     if checkpoint is not None:
         _keep_recorded_engine(cfg, summary_base, parts, checkpoint["summary"]["config"].get("engine"))
-    started = checkpoint["summary"].get("device", device.type) if checkpoint is not None else device.type
-    if started != device.type:
-        raise ValueError(f"resume=true on {device.type}, but the run started on {started}, where its random streams "
-                         f"differ: resume it with device={started}, or start a new run")
     run_log.claim(run_dir, fresh=False)  # resumed: its log goes on (claimed already when the folder held nothing)
     fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale,
                    download=cfg.data.download)

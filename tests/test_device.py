@@ -39,7 +39,9 @@ def test_a_run_records_its_device_and_refuses_to_resume_on_another(tmp_path):
     assert summary["device"] == "cpu"
     assert all(v.device.type == "cpu" for v in torch.load(tmp_path / "model.pt").values())
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
-    ckpt["summary"]["device"] = "cuda"  # as if it had started on a GPU
+    ckpt["summary"]["device"] = "cuda"  # as if it had started on a GPU with device=cuda, which its config records
+    ckpt["summary"]["config"]["device"] = "cuda"
+    ckpt["summary"]["config"]["engine"]["device"] = "cuda"
     torch.save(ckpt, tmp_path / "checkpoint.pt")
     (tmp_path / "summary.json").unlink()
     with pytest.raises(ValueError, match=r"^resume=true on cpu, but the run started on cuda, where its random streams "
