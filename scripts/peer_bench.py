@@ -16,8 +16,12 @@ sampling and batch plan), from the same initial model:
 
 A round is timed from the start of its training to its aggregated model; round 1 warms up and is left out; the
 median of the others is printed. The in-process rows take turns round by round, in two blocks, before and after
-Flower's simulation, whose start-up (Ray, the nodes) up to its first round is printed apart. The rows' global
+Flower's simulation, whose start-up (Ray and its actors) with its warm-up round is printed apart. The rows' global
 models after round 1 are compared with the sequential engine's: the largest absolute difference.
+
+Beside the wall time, each row's CPU seconds a round: this process's, and for Flower its driver's plus its client
+actors' (Ray's own services are not counted). On a machine others are using, a framework spread over several
+processes is given more of the CPU than one process is, so the CPU seconds compare the work itself.
 """
 
 from __future__ import annotations
@@ -55,22 +59,23 @@ def load_flower():
     return flower_app
 
 
-def in_process_block(shared: Shared, rounds: int, times: dict, firsts: dict) -> None:
+def in_process_block(shared: Shared, rounds: int, times: dict, cpus: dict, firsts: dict) -> None:
     """Fresh rows from the initial model, taking turns round by round; round 1 warms up."""
     rows = [FedaggEngine(shared, "fedagg parallel", ParallelEngine()),
             FedaggEngine(shared, "fedagg sequential", SequentialEngine()), PlainLoop(shared)]
     for r in range(1, rounds + 2):
         for row in rows:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             row.round(r)
-            elapsed = time.perf_counter() - t0
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
             if r == 1:
                 firsts.setdefault(row.name, row.params().clone())
             else:
                 times.setdefault(row.name, []).append(elapsed)
+                cpus.setdefault(row.name, []).append(cpu)
 
 
-def flower_block(flower, shared: Shared, rounds: int, cpus: int, times: dict, firsts: dict) -> dict:
+def flower_block(flower, shared: Shared, rounds: int, threads: int, times: dict, cpus: dict, firsts: dict) -> dict:
     """Flower's simulation of the same rounds; what it spent outside the timed rounds, in seconds."""
     ids = {r: [c.id for c in shared.chosen(r)] for r in range(1, rounds + 2)}
     orders = {f"{r}:{cid}": shared.order(shared.clients[cid], r) for r, round_ids in ids.items() for cid in round_ids}
@@ -78,23 +83,25 @@ def flower_block(flower, shared: Shared, rounds: int, cpus: int, times: dict, fi
         path = str(Path(folder) / "work.pt")
         torch.save({"x": shared.x, "y": shared.y, "orders": orders, "model": shared.new_model(),
                     "batch_size": shared.w.batch_size, "epochs": shared.w.local_epochs}, path)
-        strategy, t0, t1 = flower.simulate(shared.initial, ids, path, shared.w.num_clients, cpus)
+        strategy, t0, t1 = flower.simulate(shared.initial, ids, path, shared.w.num_clients, threads)
     times["Flower"] = [strategy.ended[r] - strategy.started[r] for r in range(2, rounds + 2)]
+    cpus["Flower"] = [strategy.cpu[r] for r in range(2, rounds + 2)]
     firsts["Flower"] = shared.flat(strategy.first)
-    return {"start-up (Ray, the nodes)": strategy.sampled[1] - t0,
-            "warm-up round (actors start)": strategy.ended[1] - strategy.sampled[1],
-            "after its last round": t1 - strategy.ended[rounds + 1]}
+    # Ray and its actors start while round 1's nodes wait for them: start-up and warm-up round are one span
+    return {"start to the end of round 1 (Ray, actors, warm-up)": strategy.ended[1] - t0,
+            "end of the last round to the return": t1 - strategy.ended[rounds + 1]}
 
 
-def report(times: dict, firsts: dict, outside: dict | None, args) -> list[str]:
-    base = statistics.median(times["fedagg parallel"])
-    ref = firsts["fedagg sequential"]
-    lines = [f"{'framework':18s} {'s/round':>8s} {'min':>7s} {'max':>7s} {'rounds':>6s} {'/ fedagg parallel':>18s} "
-             f"{'max |w - w_seq| after round 1':>30s}"]
+def report(times: dict, cpus: dict, firsts: dict, outside: dict | None, args) -> list[str]:
+    """One line per row: median wall and CPU seconds a round, and each over fedagg parallel's."""
+    med = {name: (statistics.median(times[name]), statistics.median(cpus[name])) for name in times}
+    base, ref = med["fedagg parallel"], firsts["fedagg sequential"]
+    lines = [f"{'framework':18s} {'s/round':>8s} {'min':>7s} {'max':>7s} {'CPU s':>7s} {'rounds':>6s} "
+             f"{'/ parallel':>10s} {'CPU / parallel':>14s} {'max |w - w_seq|, round 1':>25s}"]
     for name, t in times.items():
         diff = (firsts[name] - ref).abs().max().item()
-        lines.append(f"{name:18s} {statistics.median(t):8.3f} {min(t):7.3f} {max(t):7.3f} {len(t):6d} "
-                     f"{statistics.median(t) / base:18.2f} {diff:30.1e}")
+        lines.append(f"{name:18s} {med[name][0]:8.3f} {min(t):7.3f} {max(t):7.3f} {med[name][1]:7.3f} {len(t):6d} "
+                     f"{med[name][0] / base[0]:10.2f} {med[name][1] / base[1]:14.2f} {diff:25.1e}")
     if outside is not None:
         lines.append(f"Flower, {args.clients} nodes, untimed: " + ", ".join(f"{k} {v:.1f} s" for k, v in outside.items()))
     return lines
@@ -120,12 +127,12 @@ def main(argv=None) -> list[str]:
     print(f"{w.per_round} of {w.num_clients} clients a round, {w.samples_per_client} samples each, batch "
           f"{w.batch_size}, {w.model}, lr {shared.trainer.lr}; torch {torch.__version__}, {args.threads} thread(s)",
           flush=True)
-    times, firsts, outside = {}, {}, None
-    in_process_block(shared, args.rounds, times, firsts)
+    times, cpus, firsts, outside = {}, {}, {}, None
+    in_process_block(shared, args.rounds, times, cpus, firsts)
     if flower is not None:
-        outside = flower_block(flower, shared, args.rounds, args.threads, times, firsts)
-        in_process_block(shared, args.rounds, times, firsts)
-    lines = report(times, firsts, outside, args)
+        outside = flower_block(flower, shared, args.rounds, args.threads, times, cpus, firsts)
+        in_process_block(shared, args.rounds, times, cpus, firsts)
+    lines = report(times, cpus, firsts, outside, args)
     print("\n".join(lines))
     return lines
 

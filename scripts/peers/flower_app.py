@@ -9,6 +9,7 @@ with mmap), as a simulation would give each actor its dataset partition.
 
 from __future__ import annotations
 
+import os
 import time
 from functools import cache
 
@@ -44,27 +45,30 @@ def train(msg: Message, context: Context) -> Message:
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     order = work["orders"][f"{config['server-round']}:{config['client']}"]
     local_sgd(model, work["x"], work["y"], batches(order, work["batch_size"], work["epochs"]), LR)
-    metrics = MetricRecord({"num-examples": order.numel() // work["epochs"]})
+    # the actor's CPU seconds so far: what each round cost the actors, whatever else ran on the machine
+    metrics = MetricRecord({"num-examples": order.numel() // work["epochs"], "cpu-s": time.process_time(),
+                            "pid": os.getpid()})
     return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)
 
 
 class SameClients(FedAvg):
     """FedAvg whose sampled nodes train fedagg's sampled clients (`ids[round]`); it stamps each round's start
-    (before sampling), when its nodes were sampled (round 1: once the simulation's nodes are up) and its end
-    (after aggregation), and keeps round 1's global model."""
+    (before sampling) and end (after aggregation), the CPU seconds of the driver and of the actors, and keeps
+    round 1's global model."""
 
     def __init__(self, ids: dict[int, list[int]], data: str, **kw) -> None:
         super().__init__(**kw)
         self.ids, self.data = ids, data
         self.started: dict[int, float] = {}
-        self.sampled: dict[int, float] = {}
         self.ended: dict[int, float] = {}
+        self.cpu: dict[int, float] = {}  # the driver's CPU seconds in each round, then the actors' added
+        self.actors: dict[int, float] = {}  # each actor's CPU seconds at its latest reply
         self.first: dict[str, torch.Tensor] | None = None
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         self.started[server_round] = time.perf_counter()
+        self.cpu[server_round] = -time.process_time()
         sampled = list(super().configure_train(server_round, arrays, config, grid))
-        self.sampled[server_round] = time.perf_counter()
         out = []
         for msg, cid in zip(sampled, self.ids[server_round], strict=True):
             own = ConfigRecord({**msg.content["config"], "client": cid, "data": self.data})
@@ -73,8 +77,17 @@ class SameClients(FedAvg):
         return out
 
     def aggregate_train(self, server_round: int, replies):
+        replies = list(replies)
         arrays, metrics = super().aggregate_train(server_round, replies)
         self.ended[server_round] = time.perf_counter()
+        self.cpu[server_round] += time.process_time()
+        latest = {}
+        for msg in replies:
+            m = msg.content["metrics"]
+            latest[m["pid"]] = max(latest.get(m["pid"], 0.0), m["cpu-s"])
+        # an actor's CPU between its latest replies of two rounds (its first: since it started)
+        self.cpu[server_round] += sum(cpu - self.actors.get(pid, 0.0) for pid, cpu in latest.items())
+        self.actors.update(latest)
         if server_round == 1:
             self.first = arrays.to_torch_state_dict()
         return arrays, metrics
