@@ -84,11 +84,14 @@ def flower_block(flower, shared: Shared, rounds: int, threads: int, times: dict,
         torch.save({"x": shared.x, "y": shared.y, "orders": orders, "model": shared.new_model(),
                     "batch_size": shared.w.batch_size, "epochs": shared.w.local_epochs}, path)
         strategy, t0, t1 = flower.simulate(shared.initial, ids, path, shared.w.num_clients, threads)
-    times["Flower"] = [strategy.ended[r] - strategy.started[r] for r in range(2, rounds + 2)]
-    cpus["Flower"] = [strategy.cpu[r] for r in range(2, rounds + 2)]
+    timed = range(2, rounds + 2)
+    times["Flower"] = [strategy.ended[r] - strategy.started[r] for r in timed]
+    cpus["Flower"] = [strategy.driver_cpu[r] + strategy.actor_cpu[r] for r in timed]
     firsts["Flower"] = shared.flat(strategy.first)
     # Ray and its actors start while round 1's nodes wait for them: start-up and warm-up round are one span
-    return {"start to the end of round 1 (Ray, actors, warm-up)": strategy.ended[1] - t0,
+    return {"CPU s a round in the driver": statistics.median(strategy.driver_cpu[r] for r in timed),
+            "in the client actors": statistics.median(strategy.actor_cpu[r] for r in timed),
+            "start to the end of round 1 (Ray, actors, warm-up)": strategy.ended[1] - t0,
             "end of the last round to the return": t1 - strategy.ended[rounds + 1]}
 
 
@@ -103,7 +106,7 @@ def report(times: dict, cpus: dict, firsts: dict, outside: dict | None, args) ->
         lines.append(f"{name:18s} {med[name][0]:8.3f} {min(t):7.3f} {max(t):7.3f} {med[name][1]:7.3f} {len(t):6d} "
                      f"{med[name][0] / base[0]:10.2f} {med[name][1] / base[1]:14.2f} {diff:25.1e}")
     if outside is not None:
-        lines.append(f"Flower, {args.clients} nodes, untimed: " + ", ".join(f"{k} {v:.1f} s" for k, v in outside.items()))
+        lines.append(f"Flower, {args.clients} nodes: " + ", ".join(f"{k} {v:.2f} s" for k, v in outside.items()))
     return lines
 
 

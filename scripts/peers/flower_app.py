@@ -61,13 +61,14 @@ class SameClients(FedAvg):
         self.ids, self.data = ids, data
         self.started: dict[int, float] = {}
         self.ended: dict[int, float] = {}
-        self.cpu: dict[int, float] = {}  # the driver's CPU seconds in each round, then the actors' added
+        self.driver_cpu: dict[int, float] = {}  # CPU seconds of this process in each round
+        self.actor_cpu: dict[int, float] = {}  # ... and of the client actors
         self.actors: dict[int, float] = {}  # each actor's CPU seconds at its latest reply
         self.first: dict[str, torch.Tensor] | None = None
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         self.started[server_round] = time.perf_counter()
-        self.cpu[server_round] = -time.process_time()
+        self.driver_cpu[server_round] = -time.process_time()
         sampled = list(super().configure_train(server_round, arrays, config, grid))
         out = []
         for msg, cid in zip(sampled, self.ids[server_round], strict=True):
@@ -80,13 +81,13 @@ class SameClients(FedAvg):
         replies = list(replies)
         arrays, metrics = super().aggregate_train(server_round, replies)
         self.ended[server_round] = time.perf_counter()
-        self.cpu[server_round] += time.process_time()
+        self.driver_cpu[server_round] += time.process_time()
         latest = {}
         for msg in replies:
             m = msg.content["metrics"]
             latest[m["pid"]] = max(latest.get(m["pid"], 0.0), m["cpu-s"])
         # an actor's CPU between its latest replies of two rounds (its first: since it started)
-        self.cpu[server_round] += sum(cpu - self.actors.get(pid, 0.0) for pid, cpu in latest.items())
+        self.actor_cpu[server_round] = sum(cpu - self.actors.get(pid, 0.0) for pid, cpu in latest.items())
         self.actors.update(latest)
         if server_round == 1:
             self.first = arrays.to_torch_state_dict()
