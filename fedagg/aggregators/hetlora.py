@@ -95,9 +95,8 @@ class HetLoRA(CombinedRule):
             return torch.full_like(norms, 1.0 / norms.numel())
         return norms / norms.sum()
 
-    def ranks(self, inputs: RoundInputs) -> list[int]:
-        configured = inputs.layout.adapters.ranks_of(inputs.client_ids)
-        return [self.client.ranks.get(i, r) for i, r in zip(inputs.client_ids.tolist(), configured)]
+    def client_rank(self, adapters: AdapterLayout, client: int) -> int:
+        return self.client.ranks.get(client, adapters.client_ranks[client])  # pruned, else configured
 
     def combine(self, inputs: RoundInputs) -> AggregateResult:
         weights, metrics = measured(self.client_weights(inputs))
