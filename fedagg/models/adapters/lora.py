@@ -40,11 +40,12 @@ ADAPTED = (nn.Linear, nn.Conv2d)
 class LowRank(nn.Module):
     """The parametrization W -> W + s (B A), reshaped to W's shape."""
 
-    def __init__(self, a: Tensor, d: int, scale: float) -> None:
+    def __init__(self, a: Tensor, d: int, scale: float, client_ranks: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.A = nn.Parameter(a)
         self.B = nn.Parameter(a.new_zeros(d, a.shape[0]))
         self.scale = scale
+        self.client_ranks = client_ranks  # each client's rank by id: how many of A's rows (B's columns) it uses
 
     def forward(self, weight: Tensor) -> Tensor:
         return weight + self.scale * (self.B @ self.A).view(weight.shape)
@@ -170,7 +171,7 @@ class LoRA(NoAdapter):
             weight = module.weight
             d, k = weight.shape[0], weight[0].numel()
             a = initial_a(big, k, gen).to(weight.device, weight.dtype)
-            parametrize.register_parametrization(module, "weight", LowRank(a, d, scale))
+            parametrize.register_parametrization(module, "weight", LowRank(a, d, scale, tuple(ranks)))
             shapes.append((name, d, k, tuple(weight.shape)))
         keep = {id(m.B) for m in model.modules() if isinstance(m, LowRank)}
         if not frozen_a:
