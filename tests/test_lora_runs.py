@@ -116,6 +116,8 @@ def test_stacked_runs_with_bases_of_their_own_equal_each_run_alone():
     (["aggregator=flora"], "aggregator=flora combines low-rank adapters, but adapter=none trains the whole model"),
     (["adapter=lora", "adapter.ranks=[2,4]"], "adapter.ranks=[2, 4] is not allowed with num_clients=10"),
     (["adapter=lora", "adapter.rank=0"], "adapter.rank=0 is not allowed"),
+    (["model=mlp", "+model.adapter=lora"], "model.adapter is not a setting fedagg knows: adapter is a group of its own, "
+                                           "beside model; write adapter=... (e.g. adapter=lora)"),
     (["adapter=lora", "adapter.targets=[nothing]"], "adapter.targets=['nothing'] is not allowed with model MLP"),
     (["adapter=lora", "adapter.ranks=[2,2,2,2,2,2,2,2,2,2]", "adapter.rank_choices=[2]"],
      "adapter.ranks=[2, 2, 2, 2, 2, 2, 2, 2, 2, 2] and adapter.rank_choices=[2] are not allowed together"),
