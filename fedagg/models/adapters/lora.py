@@ -1,7 +1,8 @@
 """Low-rank adapters on any backbone (`adapter=lora`): the base frozen, ΔW = (α/rank) B A trained.
 
 Every targeted nn.Linear and nn.Conv2d weight W₀ [d, k] (a convolution's [out, in·kh·kw]) gets
-torch's parametrization W₀ + s B A, so the module's own forward runs unchanged on any model; B [d, R]
+torch's parametrization W₀ + s B A (what `module.weight` reads), and the module computes W₀ x + s B (A x), so
+that no client's merged weight is ever made in training; the model around it runs unchanged. B [d, R]
 starts at zero and A [R, k] from the adapters' own seeded stream (kaiming-uniform with a = √5, the
 usual LoRA start), so the adapted model starts as the base. Everything else (biases, normalisation
 layers, the base weights) is frozen (`frozen.py`): the flat vector that engines, rules and channel
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
@@ -49,6 +51,39 @@ class LowRank(nn.Module):
 
     def forward(self, weight: Tensor) -> Tensor:
         return weight + self.scale * (self.B @ self.A).view(weight.shape)
+
+
+# The adapted layers' forward: W₀ x + s B (A x), never W₀ + s B A itself. The merged weight (`module.weight`, what
+# `model_state` saves) is d x k per client: the parallel engine, which runs a chunk of clients at once, would hold
+# it (and its gradient) for every client in the chunk, a copy of the base per client; B (A x) is r (d + k).
+
+def _linear(self, x: Tensor) -> Tensor:
+    low = self.parametrizations.weight[0]
+    return F.linear(x, self.parametrizations.weight.original, self.bias) + low.scale * F.linear(F.linear(x, low.A), low.B)
+
+
+def _conv(self, x: Tensor) -> Tensor:
+    """A's rows as r kernels of W₀'s shape (per group of channels), then B as a 1x1 convolution: by linearity, the
+    convolution with s B A as its weight."""
+    low, w0 = self.parametrizations.weight[0], self.parametrizations.weight.original
+    rank = low.A.shape[-2]
+    a = low.A.view(rank, *w0.shape[1:]).repeat(self.groups, 1, 1, 1)  # [groups r, in / groups, kh, kw]
+    b = low.B.view(w0.shape[0], rank, 1, 1)
+    return self._conv_forward(x, w0, self.bias) + low.scale * F.conv2d(self._conv_forward(x, a, None), b,
+                                                                       groups=self.groups)
+
+
+_FORWARDS = {nn.Linear: _linear, nn.Conv2d: _conv}
+_CLASSES: dict[type, type] = {}
+
+
+def low_rank_forward(module: nn.Module, kind: type) -> None:
+    """Give a parametrized Linear or Conv2d the forward above (its class becomes a subclass of torch's parametrized
+    one: copies, such as the parallel engine's packed model, keep it)."""
+    cls = type(module)
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"LoRA{kind.__name__}", (cls,), {"forward": _FORWARDS[kind]})
+    module.__class__ = _CLASSES[cls]
 
 
 def initial_a(rank: int, k: int, gen: torch.Generator) -> Tensor:
@@ -168,10 +203,11 @@ class LoRA(NoAdapter):
         gen = generator(seed, "adapter_init")
         shapes = []
         for name, module in self.targeted(model):
-            weight = module.weight
+            weight, kind = module.weight, type(module)
             d, k = weight.shape[0], weight[0].numel()
             a = initial_a(big, k, gen).to(weight.device, weight.dtype)
             parametrize.register_parametrization(module, "weight", LowRank(a, d, scale, tuple(ranks)))
+            low_rank_forward(module, kind)
             shapes.append((name, d, k, tuple(weight.shape)))
         keep = {id(m.B) for m in model.modules() if isinstance(m, LowRank)}
         if not frozen_a:
