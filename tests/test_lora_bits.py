@@ -9,6 +9,7 @@ rank 4: P = 808) all take part; the MLP has no buffers.
 from __future__ import annotations
 
 import csv
+import math
 import dataclasses
 
 import pytest
@@ -72,3 +73,14 @@ def test_a_compressor_sees_only_the_entries_a_client_holds():
                                torch.tensor([[2.0, -2.0, 2.0, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0, 2.0, -2.0]]))
     torch.testing.assert_close(TopK(ratio=0.5, error_feedback=False).client(rows, up, g),
                                torch.tensor([[0.0, -2.0, 3.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0, 0.0, -7.0]]))
+
+
+def test_privacy_on_adapters_of_unequal_ranks_counts_their_values_and_the_accountants_epsilon(tmp_path):
+    """channel=dp clips and noises what each client holds and sends it all; ε is the accountant's for the same
+    sampling and noise, whatever the model (a run of the whole MLP)."""
+    row = _run(tmp_path / "lora", "aggregator=fedit", "channel=dp")
+    assert int(row["bits_up"]) == 32 * PER_RANK * 15
+    train(compose_config("rounds=1", "device=cpu", "num_clients=5", "channel=dp", "checkpoint_every=0"),
+          tmp_path / "whole")
+    whole = _first_row(tmp_path / "whole" / "metrics.csv")
+    assert row["dp_epsilon"] == whole["dp_epsilon"] and math.isfinite(float(row["dp_epsilon"]))

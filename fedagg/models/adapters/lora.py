@@ -59,7 +59,8 @@ class LowRank(nn.Module):
 
 def _linear(self, x: Tensor) -> Tensor:
     low = self.parametrizations.weight[0]
-    return F.linear(x, self.parametrizations.weight.original, self.bias) + low.scale * F.linear(F.linear(x, low.A), low.B)
+    base = F.linear(x, self.parametrizations.weight.original, self.bias)
+    return base + low.scale * F.linear(F.linear(x, low.A), low.B)
 
 
 def _conv(self, x: Tensor) -> Tensor:
@@ -202,7 +203,8 @@ class LoRA(NoAdapter):
         big, scale = max(ranks), self.alpha / self.rank
         gen = generator(seed, "adapter_init")
         shapes = []
-        for name, module in self.targeted(model):
+        targeted = self.targeted(model)
+        for name, module in targeted:
             weight, kind = module.weight, type(module)
             d, k = weight.shape[0], weight[0].numel()
             a = initial_a(big, k, gen).to(weight.device, weight.dtype)
@@ -230,7 +232,9 @@ class LoRA(NoAdapter):
                               base.slice_of(f"{prefix}.original"), d, k, shape))
         layout = AdapterLayout(tuple(pairs), big, scale, tuple(ranks), starts[-1], base.numel)
         shown = (f"ranks {min(ranks)}-{big} by client" if min(ranks) < big else f"rank {big}")
-        line = (f"LoRA adapters ({shown}, alpha {self.alpha:g}) on {len(pairs)} layers"
+        counts = " and ".join(f"{n} {kind.__name__}" for kind in ADAPTED  # "3 Linear and 2 Conv2d"
+                              if (n := sum(isinstance(m, kind) for _, m in targeted)))
+        line = (f"LoRA adapters ({shown}, alpha {self.alpha:g}) on {counts} layers"
                 f"{', A frozen' if frozen_a else ''}: {starts[-1]} trainable of {total} parameters "
                 f"({100 * starts[-1] / total:.2f}%); base {type(model).__name__} frozen ({base.numel} values, "
                 f"{'from ' + self.base_from if self.base_from else 'its seeded initialisation'})")
