@@ -37,35 +37,36 @@ def _times(deadline=None, upload_rate=None):
 
 def test_a_round_lasts_until_its_last_arrival():
     # arrivals: 2 · 1.0 = 2, 4 · 2.0 = 8, 6 · 0.5 = 3
-    timed = _times().cut(1, sampled=3, ids=[3, 5, 7], budgets=[2, 4, 6], full=[9, 9, 9], bits_up=0)
+    timed = _times().cut(1, sampled=3, ids=[3, 5, 7], budgets=[2, 4, 6], full=[9, 9, 9], bits_up=[0, 0, 0])
     assert (timed.ids, timed.budgets, timed.seconds, timed.late) == ([3, 5, 7], [2, 4, 6], 8.0, 0)
     # no budgets: every client its full steps, 9 · 2.0 = 18
-    assert _times().cut(1, 3, [3, 5, 7], None, [9, 9, 9], 0).seconds == 18.0
+    assert _times().cut(1, 3, [3, 5, 7], None, [9, 9, 9], [0, 0, 0]).seconds == 18.0
     # uploads: 1000 bits at 500 bits/s add 2 s to each arrival
-    assert _times(upload_rate=500).cut(1, 3, [3, 5, 7], [2, 4, 6], [9, 9, 9], 1000).seconds == 10.0
+    assert _times(upload_rate=500).cut(1, 3, [3, 5, 7], [2, 4, 6], [9, 9, 9], [1000] * 3).seconds == 10.0
 
 
 def test_a_deadline_drops_late_clients_before_they_train():
-    timed = _times(deadline=5.0).cut(1, sampled=3, ids=[3, 5, 7], budgets=[2, 4, 6], full=[9, 9, 9], bits_up=0)
+    timed = _times(deadline=5.0).cut(1, sampled=3, ids=[3, 5, 7], budgets=[2, 4, 6], full=[9, 9, 9],
+                                     bits_up=[0, 0, 0])
     assert (timed.ids, timed.budgets, timed.seconds, timed.late) == ([3, 7], [2, 6], 5.0, 1)  # 8 > 5: client 5 late
     # everyone in time: the round ends at the last arrival, not the deadline
-    timed = _times(deadline=10.0).cut(1, 3, [3, 5, 7], [2, 4, 6], [9, 9, 9], 0)
+    timed = _times(deadline=10.0).cut(1, 3, [3, 5, 7], [2, 4, 6], [9, 9, 9], [0, 0, 0])
     assert (timed.ids, timed.seconds, timed.late) == ([3, 5, 7], 8.0, 0)
     # a client arriving exactly at the deadline is in time
-    assert _times(deadline=8.0).cut(1, 3, [3, 5, 7], [2, 4, 6], [9, 9, 9], 0).late == 0
+    assert _times(deadline=8.0).cut(1, 3, [3, 5, 7], [2, 4, 6], [9, 9, 9], [0, 0, 0]).late == 0
     # a sampled client that never reports (4 sampled, 3 report): the server waits until the deadline
-    timed = _times(deadline=10.0).cut(1, 4, [3, 5, 7], [2, 4, 6], [9, 9, 9], 0)
+    timed = _times(deadline=10.0).cut(1, 4, [3, 5, 7], [2, 4, 6], [9, 9, 9], [0, 0, 0])
     assert (timed.seconds, timed.late) == (10.0, 0)
     # nobody in time: an empty round of the deadline's length
-    timed = _times(deadline=1.0).cut(1, 3, [3, 5, 7], [2, 4, 6], [9, 9, 9], 0)
+    timed = _times(deadline=1.0).cut(1, 3, [3, 5, 7], [2, 4, 6], [9, 9, 9], [0, 0, 0])
     assert (timed.ids, timed.seconds, timed.late) == ([], 1.0, 3)
 
 
 def test_totals_add_up_and_resume():
     times = _times(deadline=5.0)
-    row = times.add(times.cut(1, 3, [3, 5, 7], [2, 4, 6], [9, 9, 9], 0), aggregated=2)
+    row = times.add(times.cut(1, 3, [3, 5, 7], [2, 4, 6], [9, 9, 9], [0, 0, 0]), aggregated=2)
     assert row == {"sim_time": 5.0, "client_updates": 2, "clients_late": 1}
-    row = times.add(times.cut(2, 2, [3, 7], [1, 2], [9, 9], 0), aggregated=2)  # arrivals 1, 1
+    row = times.add(times.cut(2, 2, [3, 7], [1, 2], [9, 9], [0, 0]), aggregated=2)  # arrivals 1, 1
     assert row == {"sim_time": 6.0, "client_updates": 4, "clients_late": 0}
     again = _times(deadline=5.0)
     again.load_state_dict(times.state_dict())

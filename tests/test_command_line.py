@@ -42,6 +42,13 @@ SWEEP_PLUS = ("aggregator.bucket_size=2 is applied before the sweep picks the ag
     (["-m", "aggregator=median,trimmed_mean", "aggregator.bucket_size=2"], SWEEP_PLUS),
     (["-m", "aggregator=median,krum", "aggregator.bucket_sizee=2,3"],
      "aggregator.bucket_sizee is not a setting fedagg knows; did you mean aggregator.bucket_size=2,3?"),
+    # adapters are a group of their own here, beside the model (which a dataset may choose), whatever the spelling
+    (["model.adapter=lora"], "model.adapter=lora is not allowed: adapter is a group of its own, beside model; "
+                             "write adapter=lora"),
+    (["model=mlp", "model.adapter.rank=8"], "model.adapter.rank=8 is not allowed: adapter is a group of its own, "
+                                            "beside model; write adapter.rank=8"),
+    (["model/adapter=lora"], "model/adapter=lora is not allowed: adapter is a group of its own, beside model; "
+                             "write adapter=lora"),
     (["aggregator=median", "+aggregator.bucket_size=3"],
      "+aggregator.bucket_size=3 adds a key the config already has: write aggregator.bucket_size=3 to change it"),
     (["-m", "aggregator=fedavg,median", "+aggregator.bucket_size=2"],

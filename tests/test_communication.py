@@ -19,17 +19,17 @@ from results_runs import fake_run
 
 def test_bits_per_round_for_fedavg_scaffold_and_fedcams_against_hand_counts():
     # P = 1000 parameters, B = 3 buffer values; 4 clients sampled, 3 report
-    fedavg = BitCounter(FedAvg(), 1000, 3).count(4, 3)
+    fedavg = BitCounter(FedAvg(), 1000, 3).count(range(4), range(3))
     assert fedavg == {"bits_down": 4 * 32 * 1003, "bits_up": 3 * 32 * 1003,
                       "bits_down_total": 128384, "bits_up_total": 96288}
-    scaffold = BitCounter(Scaffold(), 1000, 3).count(4, 3)  # model and control variate, both ways
+    scaffold = BitCounter(Scaffold(), 1000, 3).count(range(4), range(3))  # model and control variate, both ways
     assert (scaffold["bits_down"], scaffold["bits_up"]) == (4 * (64000 + 96), 3 * (64000 + 96))
     # top-k, ratio 0.05: 50 entries of 32 bits + a 10-bit index (ceil(log2 1000)); down stays dense
-    topk = BitCounter(FedCAMS(compressor="topk", ratio=0.05), 1000, 3).count(4, 3)
+    topk = BitCounter(FedCAMS(compressor="topk", ratio=0.05), 1000, 3).count(range(4), range(3))
     assert (topk["bits_down"], topk["bits_up"]) == (4 * 32096, 3 * (50 * 42 + 96))
     # ratio 1/64 of 1000 is 15.6: the compressor keeps 15 entries, and 15 are counted
-    assert BitCounter(FedCAMS(compressor="topk"), 1000, 0).count(1, 1)["bits_up"] == 15 * 42
-    sign = BitCounter(FedCAMS(compressor="sign"), 1000, 3).count(4, 3)  # one bit per entry and the scale
+    assert BitCounter(FedCAMS(compressor="topk"), 1000, 0).count(range(1), range(1))["bits_up"] == 15 * 42
+    sign = BitCounter(FedCAMS(compressor="sign"), 1000, 3).count(range(4), range(3))  # one bit per entry and the scale
     assert sign["bits_up"] == 3 * (1000 + 32 + 96)
 
 
@@ -38,12 +38,12 @@ def test_totals_run_over_rounds_and_count_batchnorm_buffers():
     p, b = get_params(model).numel(), get_buffers(model).numel()
     assert (p, b) == (12, 5)  # running mean and variance, and num_batches_tracked
     counter = BitCounter(FedAvg(), p, b)
-    counter.count(5, 5)
-    second = counter.count(5, 2)  # three dropped out: they were sent the model but sent nothing back
+    counter.count(range(5), range(5))
+    second = counter.count(range(5), range(2))  # three dropped out: they were sent the model but sent nothing back
     assert second == {"bits_down": 5 * 544, "bits_up": 2 * 544, "bits_down_total": 10 * 544, "bits_up_total": 7 * 544}
     restored = BitCounter(FedAvg(), p, b)
     restored.load_state_dict(counter.state_dict())
-    assert restored.count(1, 1)["bits_up_total"] == 8 * 544
+    assert restored.count(range(1), range(1))["bits_up_total"] == 8 * 544
 
 
 def _rows(path):

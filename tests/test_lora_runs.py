@@ -45,7 +45,10 @@ def test_the_readme_command_runs_and_records_what_the_adapters_send(tmp_path, ca
         summary = train(compose_config(*overrides, "device=cpu"), tmp_path)
     assert summary["status"] == "completed"
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("LoRA adapters"))
-    assert "on 2 layers" in line and "trainable of" in line and "base MLP frozen" in line
+    # the base, the adapters (rank, targets) and the trainable share: the MLP's two Linear layers at ranks 2 to 8
+    # (P = 8 (64 + 64) + 8 (64 + 10) of 4810 + P parameters in all)
+    assert line.startswith("LoRA adapters (ranks 2-8 by client, alpha 8) on 2 Linear layers: 1616 trainable of 6426 "
+                           "parameters (25.15%); base MLP frozen (4810 values, its seeded initialisation)")
     rows = _rows(tmp_path / "metrics.csv")
     assert all(0 < float(r["agg_error"]) < 1 and float(r["agg_effective_rank"]) >= 1 for r in rows)
     weights = _rows(tmp_path / "weights.csv")
@@ -116,6 +119,9 @@ def test_stacked_runs_with_bases_of_their_own_equal_each_run_alone():
     (["aggregator=flora"], "aggregator=flora combines low-rank adapters, but adapter=none trains the whole model"),
     (["adapter=lora", "adapter.ranks=[2,4]"], "adapter.ranks=[2, 4] is not allowed with num_clients=10"),
     (["adapter=lora", "adapter.rank=0"], "adapter.rank=0 is not allowed"),
+    (["model=mlp", "+model.adapter=lora"],
+     "model.adapter is not a setting fedagg knows: adapter is a group of its own, beside model; write adapter=... "
+     "(e.g. adapter=lora)"),
     (["adapter=lora", "adapter.targets=[nothing]"], "adapter.targets=['nothing'] is not allowed with model MLP"),
     (["adapter=lora", "adapter.ranks=[2,2,2,2,2,2,2,2,2,2]", "adapter.rank_choices=[2]"],
      "adapter.ranks=[2, 2, 2, 2, 2, 2, 2, 2, 2, 2] and adapter.rank_choices=[2] are not allowed together"),

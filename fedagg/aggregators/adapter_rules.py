@@ -9,12 +9,14 @@ Every such rule records, per round (`agg_<name>` columns of metrics.csv):
   layers, of the factors the participants uploaded and the weights the rule used;
 - `effective_rank`: the numerical rank of the ΔW the round produced, averaged over the layers;
 - `bits_up`, `bits_down`: what the rule sends, at each participant's own rank (r (d + k) 32-bit values per layer
-  each way, and what the rule adds: FLoRA's stacked factors, FedEx-LoRA's full-rank residual); the loop's
-  `bits_up`/`bits_down` columns count the padded flat vector every participant could be sent.
+  each way, and what the rule adds: FLoRA's stacked factors, FedEx-LoRA's full-rank residual), of the factors
+  alone; the loop's `bits_up`/`bits_down` columns count the same values (`adapter_values`) as the channel
+  sends them (compressed), with the buffers, down to every sampled client.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -51,7 +53,12 @@ class AdapterRule(Aggregator):
 
     def ranks(self, inputs: RoundInputs) -> list[int]:
         """Each participant's rank this round."""
-        return inputs.layout.adapters.ranks_of(inputs.client_ids)
+        return [self.client_rank(inputs.layout.adapters, i) for i in inputs.client_ids.tolist()]
+
+    def adapter_values(self, adapters: AdapterLayout, client: int, reported: Sequence[int]) -> tuple[int, int]:
+        rank = self.client_rank(adapters, client)
+        ranks = [self.client_rank(adapters, i) for i in reported]
+        return self.down_values(adapters, rank, ranks), self.up_values(adapters, rank)
 
     def up_values(self, layout: AdapterLayout, rank: int) -> int:
         """Values one participant of rank `rank` uploads: its trained factors."""

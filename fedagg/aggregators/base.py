@@ -25,6 +25,7 @@ id (`inputs.client_ids`), never by its position in this round's sample.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, TypeVar, get_args
 
@@ -36,6 +37,7 @@ from fedagg.aggregators.inputs import Bits, ClientSetup, Needs, RoundInputs, den
 from fedagg.clients.store import ClientStore
 from fedagg.config.constraints import checked
 from fedagg.config.names import Named
+from fedagg.models.adapters.layout import AdapterLayout, sent_values
 
 Weighting = Literal["samples", "uniform"]  # p = D, or 1/K
 WEIGHTINGS = get_args(Weighting)
@@ -118,6 +120,17 @@ class Aggregator(metaclass=Named):
         `num_params` 32-bit floats each way. Per-client scalars (sample and step counts, a validation
         score) are not counted: a few words next to a model."""
         return Bits(down=dense(num_params), up=dense(num_params))
+
+    def client_rank(self, adapters: AdapterLayout, client: int) -> int:
+        """The adapter rank client `client` holds now (adapter=lora): its configured one unless the rule changes it
+        (HetLoRA's pruning)."""
+        return adapters.client_ranks[client]
+
+    def adapter_values(self, adapters: AdapterLayout, client: int, reported: Sequence[int]) -> tuple[int, int]:
+        """(values client `client` receives, values it sends) of the adapters, before `bits` prices them: its own
+        rank's factors both ways, not the padded flat vector. `reported`: the round's reporting clients."""
+        n = sent_values(adapters, self.client_rank(adapters, client))
+        return n, n
 
     def client_weights(self, inputs: RoundInputs) -> Tensor | tuple[Tensor, dict[str, float]]:
         """[K] non-negative weights summing to 1 (with diagnostics, if any: see the module)."""

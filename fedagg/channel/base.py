@@ -59,6 +59,9 @@ class Upload:
     round: int  # 1-based
     pool: int  # N: the clients that can be sampled
     rate: float | None = None  # the chance a client that could be sampled this round was; None: K / pool
+    # [K, P] bool: the entries each client holds (adapters of unequal ranks: its own rank's factors, the rest of
+    # its padded row zero); None: every client holds all P
+    held: Tensor | None = None
 
     @property
     def num_clients(self) -> int:
@@ -134,7 +137,20 @@ class Compressor(Stage):
         raise NotImplementedError
 
     def client(self, rows: Tensor, up: Upload, g: torch.Generator) -> Tensor:
-        return self.compress(rows, g)
+        """C of each row; where clients hold fewer entries than P (`up.held`), C of those entries alone, as the
+        client would compress what it has (top-k's k and sign's scale are of its own values): consecutive rows
+        holding the same entries go together, in row order, so the draws still come row after row."""
+        if up.held is None:
+            return self.compress(rows, g)
+        out, k = rows.clone(), 0
+        while k < rows.shape[0]:
+            j = k + 1
+            while j < rows.shape[0] and torch.equal(up.held[j], up.held[k]):
+                j += 1
+            mine = up.held[k]
+            out[k:j, mine] = self.compress(rows[k:j][:, mine], g)  # the rest: zero, as it came
+            k = j
+        return out
 
 
 class AttackPosition(Stage):

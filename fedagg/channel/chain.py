@@ -204,7 +204,8 @@ class Channel:
         for rows_in in blocks:
             start = up.start[rows_in] if up.start.dim() == 2 else up.start
             part = up if len(blocks) == 1 else replace(up, start=start, ids=up.ids[rows_in],
-                                                       corrupted=up.corrupted[rows_in])
+                                                       corrupted=up.corrupted[rows_in],
+                                                       held=None if up.held is None else up.held[rows_in])
             x, f = rows[rows_in], form
             for stage in run:
                 x, f = _as(stage.on, x, f, start)

@@ -111,8 +111,26 @@ def _shown(value) -> str:
     return typed(value)
 
 
+# keys other tools spell inside a group's node that are a group of their own here: adapters are chosen beside
+# the model (`adapter=lora`, not `model.adapter=lora`), since the model may be left to the dataset (model: null)
+OWN_GROUPS = {"model.adapter": "adapter"}
+
+
+def own_group(key: str) -> tuple[str, str] | None:
+    """(the group, the key as it is written here) for a key spelled inside another group (`model.adapter.rank` ->
+    ("adapter", "adapter.rank")); None for any other key."""
+    bare = key.lstrip("+").replace("/", ".")
+    for inside, group in OWN_GROUPS.items():
+        if bare == inside or bare.startswith(f"{inside}."):
+            return group, group + bare[len(inside):]
+    return None
+
+
 def _unknown(prefix: str, key: str, known: list[str], elsewhere: list[str] = ()) -> ValueError:
     """One line for an unknown key, suggesting the nearest known one here, else the nearest full key elsewhere."""
+    if moved := own_group(f"{prefix}{key}"):
+        return ValueError(f"{prefix}{key} is not a setting fedagg knows: {moved[0]} is a group of its own, beside "
+                          f"{prefix.split('.')[0]}; write {moved[1]}=... (e.g. {moved[0]}=lora)")
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     if close:
         hint = f"did you mean {prefix}{close[0]}?"

@@ -14,7 +14,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf import DictConfig, OmegaConf
 
 from fedagg.edge import CONF
-from fedagg.config.schema import META_KEYS, check_node
+from fedagg.config.schema import META_KEYS, check_node, own_group
 
 
 def _option_line(group: str, value: str, options: list[str], listed: str | None = None) -> str:
@@ -66,6 +66,9 @@ def _unknown_key_line(loader, parsed: list, lines: list[str], failing: str, mult
     key, value = failing.split("=", 1)
     typed = next((o.input_line for o in parsed if o.key_or_group == key), failing)  # a sweep's values, not one job's
     value = typed.split("=", 1)[1]
+    if moved := own_group(key):  # model.adapter=lora, as other tools write it
+        return (f"{typed} is not allowed: {moved[0]} is a group of its own, beside {key.split('.')[0].split('/')[0]}; "
+                f"write {moved[1]}={value}")
     try:  # the config as it would be without that override: the group options it chose
         base = compose(config_name="config", overrides=[line for line in lines if line != failing],
                        return_hydra_config=True)

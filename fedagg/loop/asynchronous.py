@@ -72,9 +72,9 @@ class AsyncServer:
         self.buffer: list[Flight] = []  # arrived, not yet in a server step
         self.starts: dict[int, tuple[Tensor, Tensor]] = {}  # version -> (params, buffers) a flight started from
         self.draws = [0] * loop.settings.num_clients  # trainings per client so far
-        self.sent_since = 0  # dispatches since the last server step: the bits sent down
+        self.sent_since: list[int] = []  # clients dispatched since the last server step: the bits sent down
         self.arrivals = 0  # every arrival so far, used or dropped: N of them make an epoch (`rule.flush_partial`)
-        self.dropped_since = 0  # arrivals staler than `rule.max_staleness` since the last server step
+        self.dropped_since: list[int] = []  # clients of the arrivals since the last step staler than `max_staleness`
         # the sampler's draws: a step per dispatch, numbered from 0, from their own stream
         self.draw = replace(loop.draw, stream="dispatch", first=0)
         if loop.resumed_schedule is not None:
@@ -101,7 +101,7 @@ class AsyncServer:
         flight = self.flights.pop(dispatch)
         self.owed, self.waiting, self.arrivals = self.owed + 1, False, self.arrivals + 1
         if self.version - flight.version > self.rule.max_staleness:  # FLSim's cap: the update is not used
-            self.dropped_since += 1
+            self.dropped_since.append(flight.client)
             self.forget()
         else:
             if flight.trained is None:
@@ -125,14 +125,13 @@ class AsyncServer:
         self.waiting = self.owed > 0
         if chosen and v not in self.starts:
             self.starts[v] = (loop.params, loop.buffers)
-        up = loop.bits.up_each()
         for i in chosen:
             d, self.dispatches = self.dispatches, self.dispatches + 1
             self.draws[i] += 1
-            arrives = self.now + fed.clock.duration(i, fed.trainer.steps(fed.clients[i]), up, d)
+            arrives = self.now + fed.clock.duration(i, fed.trainer.steps(fed.clients[i]), loop.bits.up_each(i), d)
             self.flights[d] = Flight(d, i, v, self.now, arrives, self.draws[i])
             heapq.heappush(self.queue, (arrives, d))
-            self.sent_since += 1
+            self.sent_since.append(i)
 
     def train(self, extra: list[Flight] = ()) -> None:
         """Every client in flight that has not trained (and `extra`), in one engine call: one job per version."""
@@ -167,8 +166,8 @@ class AsyncServer:
         self.forget()
         result = stack_rows([f.trained for f in arrivals])
         # down at each dispatch, up at each arrival (a dropped one was uploaded too)
-        bits = loop.bits.count(self.sent_since, len(arrivals) + self.dropped_since)
-        dropped, self.sent_since, self.dropped_since = self.dropped_since, 0, 0
+        bits = loop.bits.count(self.sent_since, ids + self.dropped_since)
+        dropped, self.sent_since, self.dropped_since = len(self.dropped_since), [], []
         lr = fed.trainer.lr_at(v + 1, loop.settings.rounds)
         chosen = [fed.clients[i] for i in ids]
         job = RoundJob(fed.model, fed.trainer, fed.data, chosen, loop.params, loop.buffers, lr=lr,
@@ -200,8 +199,12 @@ class AsyncServer:
         heapq.heapify(self.queue)
         self.flights = {f["dispatch"]: Flight(**f) for f in state["flights"]}
         self.buffer = [Flight(**f) for f in state["buffer"]]
-        self.starts, self.draws, self.sent_since = dict(state["starts"]), list(state["draws"]), state["sent_since"]
-        self.arrivals, self.dropped_since = state.get("arrivals", 0), state.get("dropped_since", 0)  # older: none
+        self.starts, self.draws = dict(state["starts"]), list(state["draws"])
+        # older checkpoints counted these clients without their ids: counted as client 0 (equal unless adapter ranks
+        # differ by client)
+        self.sent_since, self.dropped_since = (s if isinstance(s, list) else [0] * s for s in
+                                               (state["sent_since"], state.get("dropped_since", 0)))
+        self.arrivals = state.get("arrivals", 0)  # older: none
 
 
 def row_of(result: RoundResult, k: int) -> dict:

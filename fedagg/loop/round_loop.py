@@ -37,6 +37,7 @@ from fedagg.runtime.interrupts import StopRequests
 from fedagg.runtime.progress import RoundProgress
 from fedagg.config.settings import Settings
 from fedagg.sampling.pool import sampling_pool, sampling_rate
+from fedagg.models.adapters.masks import held_entries
 from fedagg.models.flat import get_buffers, get_params, set_buffers, set_params
 from fedagg.sampling.base import Draw
 from fedagg.tracking.files import CSVLog, clean_number, summary_values, write_json
@@ -95,7 +96,8 @@ class RoundLoop:
         self.corrupted = set(fed.corrupted)
         sizes = torch.tensor([c.num_samples for c in fed.clients], dtype=torch.long)
         self.draw = Draw(settings.seed, sizes, self.client_losses if fed.sampler.needs_losses else None)
-        self.bits = BitCounter(fed.aggregator, self.params.numel(), self.buffers.numel(), fed.channel)
+        self.bits = BitCounter(fed.aggregator, self.params.numel(), self.buffers.numel(), fed.channel,
+                               fed.adapters.layout)
         self.times = RoundTimes(fed.clock)
         if self.times.enabled:
             self.summary.update(self.times.summary(), time_to_target=None)
@@ -161,9 +163,9 @@ class RoundLoop:
         budgets = fed.system.budgets(seed, r, ids, full, fed.trainer.local_epochs) if ids else None
         timed = None
         if self.times.enabled:  # who arrives by the deadline trains; the others are dropped before they do
-            timed = self.times.cut(r, len(sampled), ids, budgets, full, self.bits.up_each())
+            timed = self.times.cut(r, len(sampled), ids, budgets, full, [self.bits.up_each(i) for i in ids])
             ids, budgets = timed.ids, timed.budgets
-        bits = self.bits.count(len(sampled), len(ids))  # down to every sampled client, up from those that report
+        bits = self.bits.count(sampled, ids)  # down to every sampled client, up from those that report
         if not ids:
             log.warning("round %d: no client %s; the global model is kept", r,
                         "arrived by the deadline" if timed and timed.late else "reported")
@@ -243,13 +245,21 @@ class RoundLoop:
         mask[rows] = True
         channel, settings = self.fed.channel, self.settings
         up = Upload(self.params if starts is None else starts, tuple(ids), mask, settings.seed, r,
-                    settings.num_clients - len(settings.held_out_ids), rate)
+                    settings.num_clients - len(settings.held_out_ids), rate, self.held(ids))
         arrived = channel.transmit(result.params, up, self.fed.engine.clients_in_memory)  # stages' row blocks
         result.params = arrived.models
         changed = list(range(len(ids))) if channel.stages else rows  # a compressor changes every model
         if changed:
             self.provider.rescore(result, changed, self.fed.engine.eval_batch_size)
         return arrived.on_mean
+
+    def held(self, ids: list[int]) -> Tensor | None:
+        """[K, P] bool: the entries of the flat vector each client holds, where adapters of unequal ranks make them
+        fewer than P (a client has its own rank's factors); None where every client holds them all."""
+        adapters = self.fed.adapters.layout
+        if adapters is None:
+            return None
+        return held_entries(adapters, [self.fed.aggregator.client_rank(adapters, i) for i in ids], self.device)
 
     def evaluate(self, row: dict) -> None:
         set_params(self.fed.model, self.tested)  # the model the method's paper scores (AggregateResult.evaluated)

@@ -47,12 +47,12 @@ class RoundTimes:
         return self.clock.selected(per_round) if self.enabled else None
 
     def cut(self, round: int, sampled: int, ids: list[int], budgets: list[int] | None, full: list[int],
-            bits_up: int) -> Timed:
+            bits_up: list[int]) -> Timed:
         """The round's arrivals: who of the reporting `ids` (of `sampled` sent the model) arrive by the deadline,
-        after `budgets` steps each (None: `full`), each sending `bits_up` bits; the round's length."""
+        after `budgets` steps each (None: `full`), each sending its `bits_up` bits; the round's length."""
         clock = self.clock
         steps = budgets if budgets is not None else full
-        arrivals = [clock.duration(i, s, bits_up, round) for i, s in zip(ids, steps)]
+        arrivals = [clock.duration(i, s, b, round) for i, s, b in zip(ids, steps, bits_up)]
         if clock.deadline is None:
             return Timed(ids, budgets, max(arrivals, default=0.0), 0)
         keep = [k for k, t in enumerate(arrivals) if t <= clock.deadline]

@@ -1,7 +1,8 @@
 """Low-rank adapters on any backbone (`adapter=lora`): the base frozen, ΔW = (α/rank) B A trained.
 
 Every targeted nn.Linear and nn.Conv2d weight W₀ [d, k] (a convolution's [out, in·kh·kw]) gets
-torch's parametrization W₀ + s B A, so the module's own forward runs unchanged on any model; B [d, R]
+torch's parametrization W₀ + s B A (what `module.weight` reads), and the module computes W₀ x + s B (A x), so
+that no client's merged weight is ever made in training; the model around it runs unchanged. B [d, R]
 starts at zero and A [R, k] from the adapters' own seeded stream (kaiming-uniform with a = √5, the
 usual LoRA start), so the adapted model starts as the base. Everything else (biases, normalisation
 layers, the base weights) is frozen (`frozen.py`): the flat vector that engines, rules and channel
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
@@ -40,14 +42,49 @@ ADAPTED = (nn.Linear, nn.Conv2d)
 class LowRank(nn.Module):
     """The parametrization W -> W + s (B A), reshaped to W's shape."""
 
-    def __init__(self, a: Tensor, d: int, scale: float) -> None:
+    def __init__(self, a: Tensor, d: int, scale: float, client_ranks: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.A = nn.Parameter(a)
         self.B = nn.Parameter(a.new_zeros(d, a.shape[0]))
         self.scale = scale
+        self.client_ranks = client_ranks  # each client's rank by id: how many of A's rows (B's columns) it uses
 
     def forward(self, weight: Tensor) -> Tensor:
         return weight + self.scale * (self.B @ self.A).view(weight.shape)
+
+
+# The adapted layers' forward: W₀ x + s B (A x), never W₀ + s B A itself. The merged weight (`module.weight`, what
+# `model_state` saves) is d x k per client: the parallel engine, which runs a chunk of clients at once, would hold
+# it (and its gradient) for every client in the chunk, a copy of the base per client; B (A x) is r (d + k).
+
+def _linear(self, x: Tensor) -> Tensor:
+    low = self.parametrizations.weight[0]
+    base = F.linear(x, self.parametrizations.weight.original, self.bias)
+    return base + low.scale * F.linear(F.linear(x, low.A), low.B)
+
+
+def _conv(self, x: Tensor) -> Tensor:
+    """A's rows as r kernels of W₀'s shape (per group of channels), then B as a 1x1 convolution: by linearity, the
+    convolution with s B A as its weight."""
+    low, w0 = self.parametrizations.weight[0], self.parametrizations.weight.original
+    rank = low.A.shape[-2]
+    a = low.A.view(rank, *w0.shape[1:]).repeat(self.groups, 1, 1, 1)  # [groups r, in / groups, kh, kw]
+    b = low.B.view(w0.shape[0], rank, 1, 1)
+    return self._conv_forward(x, w0, self.bias) + low.scale * F.conv2d(self._conv_forward(x, a, None), b,
+                                                                       groups=self.groups)
+
+
+_FORWARDS = {nn.Linear: _linear, nn.Conv2d: _conv}
+_CLASSES: dict[type, type] = {}
+
+
+def low_rank_forward(module: nn.Module, kind: type) -> None:
+    """Give a parametrized Linear or Conv2d the forward above (its class becomes a subclass of torch's parametrized
+    one: copies, such as the parallel engine's packed model, keep it)."""
+    cls = type(module)
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"LoRA{kind.__name__}", (cls,), {"forward": _FORWARDS[kind]})
+    module.__class__ = _CLASSES[cls]
 
 
 def initial_a(rank: int, k: int, gen: torch.Generator) -> Tensor:
@@ -166,11 +203,13 @@ class LoRA(NoAdapter):
         big, scale = max(ranks), self.alpha / self.rank
         gen = generator(seed, "adapter_init")
         shapes = []
-        for name, module in self.targeted(model):
-            weight = module.weight
+        targeted = self.targeted(model)
+        for name, module in targeted:
+            weight, kind = module.weight, type(module)
             d, k = weight.shape[0], weight[0].numel()
             a = initial_a(big, k, gen).to(weight.device, weight.dtype)
-            parametrize.register_parametrization(module, "weight", LowRank(a, d, scale))
+            parametrize.register_parametrization(module, "weight", LowRank(a, d, scale, tuple(ranks)))
+            low_rank_forward(module, kind)
             shapes.append((name, d, k, tuple(weight.shape)))
         keep = {id(m.B) for m in model.modules() if isinstance(m, LowRank)}
         if not frozen_a:
@@ -193,7 +232,9 @@ class LoRA(NoAdapter):
                               base.slice_of(f"{prefix}.original"), d, k, shape))
         layout = AdapterLayout(tuple(pairs), big, scale, tuple(ranks), starts[-1], base.numel)
         shown = (f"ranks {min(ranks)}-{big} by client" if min(ranks) < big else f"rank {big}")
-        line = (f"LoRA adapters ({shown}, alpha {self.alpha:g}) on {len(pairs)} layers"
+        counts = " and ".join(f"{n} {kind.__name__}" for kind in ADAPTED  # "3 Linear and 2 Conv2d"
+                              if (n := sum(isinstance(m, kind) for _, m in targeted)))
+        line = (f"LoRA adapters ({shown}, alpha {self.alpha:g}) on {counts} layers"
                 f"{', A frozen' if frozen_a else ''}: {starts[-1]} trainable of {total} parameters "
                 f"({100 * starts[-1] / total:.2f}%); base {type(model).__name__} frozen ({base.numel} values, "
                 f"{'from ' + self.base_from if self.base_from else 'its seeded initialisation'})")

@@ -27,3 +27,12 @@ class RankMasks:
         are then zero: the client trains and sends its rank-r factors, zero-padded)."""
         masks = torch.stack([self.masks[self.client_ranks[i]] for i in client_ids])
         return torch.where(masks, params, torch.zeros((), dtype=params.dtype, device=params.device))
+
+
+def held_entries(layout: AdapterLayout, ranks: list[int], device=None) -> Tensor | None:
+    """[K, P] bool: the entries of the padded flat vector clients of `ranks` hold (their own rank's factors), for the
+    channel's compressors; None when every one holds the padded rank (all P)."""
+    if min(ranks, default=layout.rank) == layout.rank:
+        return None
+    masks = {r: layout.rank_mask(r, device) for r in set(ranks)}
+    return torch.stack([masks[r] for r in ranks])
