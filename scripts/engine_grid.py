@@ -46,24 +46,36 @@ W = bench.Workload
 # conf/client/sgd.yaml's batch 32 and two local epochs
 GRID = {
     "digits_default": W("digits_default", "digits", "mlp", 10, 10, "dirichlet", 32, local_epochs=2),
+    "digits_5": W("digits_5", "digits", "mlp", 10, 5, "dirichlet", 32, local_epochs=2),  # clients_per_round=5
+    "digits_2": W("digits_2", "digits", "mlp", 10, 2, "dirichlet", 32, local_epochs=2),
     "cross_device": bench.WORKLOADS["cross_device"],  # cnn_small, 100 of 1,000 MNIST clients, batch 10
-    "cross_silo": bench.WORKLOADS["cross_silo"],  # LeNet, 10 Dirichlet MNIST clients, batch 64
+    "cross_device_10": replace(bench.WORKLOADS["cross_device"], name="cross_device_10", per_round=10),
+    "cross_device_b32": W("cross_device_b32", "mnist", "cnn_small", 1000, 100, "iid", 32, samples_per_client=60),
+    # LeNet, 10 Dirichlet MNIST clients, batch 64; a third of MNIST (the same batches, fewer of them)
+    "cross_silo": replace(bench.WORKLOADS["cross_silo"], max_samples=20_000),
     "mnist_mlr": W("mnist_mlr", "mnist", "mlr", 1000, 100, "iid", 10, samples_per_client=60),
-    "lstm_text": W("lstm_text", "text_random", "lstm_shakespeare", 100, 10, "iid", 10, samples_per_client=50),
-    "resnet20_10": W("resnet20_10", "cifar_random", "resnet20", 100, 10, "iid", 32, samples_per_client=64),
+    "lstm_text": W("lstm_text", "text_random", "lstm_shakespeare", 100, 10, "iid", 10, samples_per_client=20),
+    "resnet20_10": W("resnet20_10", "cifar_random", "resnet20", 100, 10, "iid", 32, samples_per_client=32),
     "resnet20_100": W("resnet20_100", "cifar_random", "resnet20", 1000, 100, "iid", 32, samples_per_client=16),
+    "resnet20_100_b10": W("resnet20_100_b10", "cifar_random", "resnet20", 1000, 100, "iid", 10, samples_per_client=10),
 }
 # On a GPU the client data of the random-data workloads grows to what a real run holds per client
-ON_CUDA = {"lstm_text": dict(samples_per_client=300), "resnet20_10": dict(samples_per_client=500),
-           "resnet20_100": dict(samples_per_client=50)}
+ON_CUDA = {"cross_silo": dict(max_samples=None), "lstm_text": dict(samples_per_client=300),
+           "resnet20_10": dict(samples_per_client=500), "resnet20_100": dict(samples_per_client=100),
+           "resnet20_100_b10": dict(samples_per_client=100)}
 QUICK = {
     "digits_default": dict(local_epochs=1),
+    "digits_5": dict(local_epochs=1),
+    "digits_2": dict(local_epochs=1),
+    "cross_device_10": dict(num_clients=40, per_round=4),
+    "cross_device_b32": dict(num_clients=40, per_round=20),
     "cross_device": dict(num_clients=40, per_round=20),
     "cross_silo": dict(num_clients=4, per_round=4, max_samples=2_000),
     "mnist_mlr": dict(num_clients=40, per_round=20),
     "lstm_text": dict(num_clients=8, per_round=4, samples_per_client=10),
     "resnet20_10": dict(num_clients=8, per_round=4, samples_per_client=8),
     "resnet20_100": dict(num_clients=40, per_round=20, samples_per_client=4),
+    "resnet20_100_b10": dict(num_clients=40, per_round=20, samples_per_client=4),
 }
 
 
@@ -136,7 +148,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     if not args.data_root.exists() and (ROOT / args.data_root).exists():
         args.data_root = ROOT / args.data_root
-    out = args.out or ROOT / "outputs" / "engine_grid" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out = args.out or Path("outputs") / "engine_grid" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     # bench's run_workload reads these of its own command line
     opts = argparse.Namespace(rounds=args.rounds, data_root=args.data_root, chunk_size="auto", precision="fp32",

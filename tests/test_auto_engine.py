@@ -23,35 +23,47 @@ import test_drivers
 from test_stacked_auto import stopped_after_round_1
 
 RUN = ["device=cpu", "rounds=3", "checkpoint_every=1"]
-# the bounds of the CPU rule, and a shape inside all of them
-INSIDE = RoundShape(per_round=10, kind="conv", params=1_000_000, batch_size=32, device="cpu")
+# shapes at every bound of the CPU rule for their kind
+CONV = RoundShape(per_round=10, kind="conv", params=100_000, batch_size=10, device="cpu")
+LINEAR = RoundShape(per_round=5, kind="linear", params=100_000, batch_size=32, device="cpu")
 
 
-@pytest.mark.parametrize("change, engine", [
-    ({}, "parallel"),
-    ({"kind": "linear"}, "parallel"),
-    ({"per_round": 9}, "sequential"),
-    ({"batch_size": 33}, "sequential"),
-    ({"params": 1_000_001}, "sequential"),
-    ({"kind": "recurrent"}, "sequential"),
-    ({"kind": "transformer"}, "sequential"),
-    ({"per_round": 100, "batch_size": 10, "params": 21_840}, "parallel"),  # cross_device with cnn_small
-    ({"batch_size": 64, "params": 15_826}, "sequential"),  # cross_silo with LeNet
+def _with(shape, **change):
+    return RoundShape(**{**shape.__dict__, **change})
+
+
+@pytest.mark.parametrize("shape, engine", [
+    (CONV, "parallel"),
+    (_with(CONV, per_round=9), "sequential"),
+    (_with(CONV, batch_size=11), "sequential"),
+    (_with(CONV, params=100_001), "sequential"),
+    (LINEAR, "parallel"),
+    (_with(LINEAR, per_round=4), "sequential"),
+    (_with(LINEAR, batch_size=33), "sequential"),
+    (_with(LINEAR, params=100_001), "sequential"),
+    (_with(LINEAR, kind="recurrent", batch_size=1, per_round=1000, params=1000), "sequential"),
+    (_with(LINEAR, kind="transformer", batch_size=1, per_round=1000, params=1000), "sequential"),
+    # the grid's workloads
+    (RoundShape(100, "conv", 21_840, 10, "cpu"), "parallel"),  # cross_device, cnn_small
+    (RoundShape(10, "conv", 15_826, 64, "cpu"), "sequential"),  # cross_silo, LeNet
+    (RoundShape(100, "conv", 269_722, 10, "cpu"), "sequential"),  # ResNet-20
+    (RoundShape(10, "linear", 4810, 32, "cpu"), "parallel"),  # the default digits run's MLP
+    (RoundShape(100, "linear", 7850, 10, "cpu"), "parallel"),  # MNIST MLR
+    (RoundShape(10, "recurrent", 819_920, 10, "cpu"), "sequential"),  # the Shakespeare LSTM
 ])
-def test_the_cpu_rule_at_each_side_of_its_bounds(change, engine):
-    shape = RoundShape(**{**INSIDE.__dict__, **change})
+def test_the_cpu_rule_at_each_side_of_its_bounds(shape, engine):
     picked, reason = choose(shape)
     assert picked == engine
     assert reason.startswith(shape.words())
 
 
-@pytest.mark.parametrize("shape", [INSIDE, RoundShape(1, "recurrent", 50_000_000, 512, "cpu")])
+@pytest.mark.parametrize("shape", [CONV, RoundShape(1, "recurrent", 50_000_000, 512, "cpu")])
 def test_a_gpu_always_gets_the_parallel_engine(shape):
     assert choose(RoundShape(**{**shape.__dict__, "device": "cuda"}))[0] == "parallel"
 
 
 def test_the_words_name_clients_model_and_device():
-    assert INSIDE.words() == "10 clients a round of a 1M-param conv model, batch 32, on the CPU"
+    assert CONV.words() == "10 clients a round of a 0.1M-param conv model, batch 10, on the CPU"
     assert RoundShape(1, "linear", 4810, 8, "cuda").words() == "1 client a round of a 4.8k-param linear model, batch 8, on a GPU"
 
 
@@ -81,8 +93,8 @@ def test_the_start_up_line_and_the_summary_say_the_pick_and_why(tmp_path, caplog
     assert (summary[PICKED], summary[REASON]) == ("parallel", why)
     assert json.loads((tmp_path / "ten" / "summary.json").read_text())[PICKED] == "parallel"
     caplog.clear()
-    summary = run_experiment(["device=cpu", "rounds=1", "clients_per_round=9"], tmp_path / "nine")
-    why = "9 clients a round of a 4.8k-param linear model, batch 32, on the CPU: fewer than 10 clients a round to stack"
+    summary = run_experiment(["device=cpu", "rounds=1", "clients_per_round=4"], tmp_path / "four")
+    why = "4 clients a round of a 4.8k-param linear model, batch 32, on the CPU: fewer than 5 clients a round to stack"
     assert _picked_line(caplog) == [f"engine: sequential (auto: {why})"]
     assert (summary[PICKED], summary[REASON]) == ("sequential", why)
 
@@ -108,7 +120,7 @@ def assert_same_run(a, b, *also_variable):
 def test_a_resume_keeps_the_recorded_pick_when_the_rule_now_picks_otherwise(tmp_path, monkeypatch, caplog):
     run_experiment([*RUN, "resume=true"], tmp_path / "reference")  # parallel throughout, its config as resumed
     stopped_after_round_1(RUN, tmp_path / "job")
-    monkeypatch.setitem(choice.CPU_PARALLEL, "min_clients", 11)  # the rule now says sequential for 10 clients
+    monkeypatch.setitem(choice.CPU_PARALLEL["linear"], "min_clients", 11)  # the rule now says sequential for 10 clients
     caplog.set_level(logging.INFO, logger="fedagg")
     resumed = run_experiment([*RUN, "resume=true"], tmp_path / "job")
     why = "10 clients a round of a 4.8k-param linear model, batch 32, on the CPU"  # as recorded at the start
@@ -121,7 +133,7 @@ def test_a_resume_keeps_the_recorded_pick_when_the_rule_now_picks_otherwise(tmp_
 
 def test_a_folder_written_before_the_rule_resumes_with_the_sequential_engine_on_the_cpu(tmp_path, monkeypatch, caplog):
     """Such a run trained with the sequential engine on the CPU (engine=auto's choice then) and recorded no pick."""
-    monkeypatch.setitem(choice.CPU_PARALLEL, "min_clients", 11)  # what the rule before picked: sequential
+    monkeypatch.setitem(choice.CPU_PARALLEL["linear"], "min_clients", 11)  # what the rule before picked: sequential
     run_experiment([*RUN, "resume=true"], tmp_path / "reference")
     stopped_after_round_1(RUN, tmp_path / "job")
     for name in ("checkpoint.pt", "checkpoint.prev.pt"):
@@ -140,11 +152,11 @@ def test_a_folder_written_before_the_rule_resumes_with_the_sequential_engine_on_
 @pytest.mark.parametrize("key, value", [("precision", "bf16"), ("channels_last", "true"), ("compile", "true")])
 def test_a_parallel_engine_option_where_auto_picks_sequential_is_one_line(tmp_path, key, value):
     with pytest.raises(SetupError) as err:
-        run_experiment(["device=cpu", "rounds=1", "clients_per_round=9", f"engine.{key}={value}"], tmp_path / "run")
+        run_experiment(["device=cpu", "rounds=1", "clients_per_round=4", f"engine.{key}={value}"], tmp_path / "run")
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"engine.{key}=") and "needs the parallel engine, which engine=auto does not pick" in message
-    assert "fewer than 10 clients a round" in message and "use engine=parallel" in message
+    assert "fewer than 5 clients a round" in message and "use engine=parallel" in message
     assert not (tmp_path / "run" / "metrics.csv").exists()
 
 
