@@ -90,8 +90,8 @@ def cpu_model() -> str:
 def machine_state() -> dict:
     """The load average and the busiest processes now: what else was running."""
     try:
-        top = subprocess.run(["ps", "-eo", "pcpu,etime,comm", "--sort=-pcpu"], capture_output=True, text=True,
-                             check=True).stdout.splitlines()[:6]
+        top = [line[:110] for line in subprocess.run(["ps", "-eo", "pcpu,etime,args", "--sort=-pcpu"], capture_output=True,
+                                                      text=True, check=True).stdout.splitlines()[:8]]
     except (OSError, subprocess.CalledProcessError):
         top = []
     return {"load_average": list(os.getloadavg()), "busiest": top}
@@ -120,13 +120,18 @@ def workloads(args, device: torch.device) -> list:
     return out
 
 
+def _faster(row: dict) -> str:
+    """yes, no, or a tie: the engines within 5% of each other, which one sitting cannot tell apart."""
+    return "yes" if row["auto_faster"] else ("tie (within 5%)" if abs(row["ratio"] - 1) < 0.05 else "no")
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| workload | clients a round | model | batch | s/round sequential | s/round parallel | parallel / sequential "
              "| auto picks | auto picked the faster |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['workload']} | {r['per_round']} | {r['model']} ({r['kind']}, {r['params']:,} params) | "
                      f"{r['batch_size']} | {r['sequential']:.3f} | {r['parallel']:.3f} | {r['ratio']:.2f} | "
-                     f"{r['auto']} | {'yes' if r['auto_faster'] else 'no'} |")
+                     f"{r['auto']} | {_faster(r)} |")
     return "\n".join(lines)
 
 

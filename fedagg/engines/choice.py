@@ -57,11 +57,12 @@ def _size(params: int) -> str:
 
 
 # On the CPU the parallel engine where every bound of the model's kind holds; no other kind is stacked there. From
-# scripts/engine_grid.py, one thread on the 2-core AMD EPYC (docs/explanations/speed.md has the table), parallel /
-# sequential time a round: linear models stack from 5 clients a round (digits MLP: 0.70 at 5, 0.46 at 10, 2.07 at 2;
-# MNIST MLR, 100 clients of batch 10: 0.14); convolutional ones only when small and fed small batches (cnn_small, 22k
-# parameters, batch 10: 0.59 at 100 clients, 0.64 at 10; batch 32: 1.01; ResNet-20, 0.27M: 1.17 at batch 10,
-# 1.24-1.79 at 32; LeNet, batch 64: 1.68); the 2-layer LSTM was slower (1.63). On a GPU the parallel engine always.
+# scripts/engine_grid.py, one thread on the 2-core AMD EPYC, two sittings (docs/explanations/speed.md has the table),
+# parallel / sequential time a round: linear models stack from 5 clients a round (digits MLP: 0.46-0.57 at 10,
+# 0.70-0.82 at 5, 1.37-2.07 at 2; MNIST MLR, 100 clients of batch 10: 0.14-0.17); convolutional ones only when
+# small and fed small batches (cnn_small, 22k parameters, batch 10: 0.47-0.59 at 100 clients, 0.58-0.64 at 10;
+# batch 32: 0.97-1.01; ResNet-20, 0.27M: 1.09-1.17 at batch 10, 1.21-1.79 at 32; LeNet, batch 64: 0.98-1.68);
+# the 2-layer LSTM was slower (1.22-1.63). On a GPU the parallel engine always.
 CPU_PARALLEL = {
     "linear": {"min_clients": 5, "max_batch": 32, "max_params": 100_000},
     "conv": {"min_clients": 10, "max_batch": 10, "max_params": 100_000},
