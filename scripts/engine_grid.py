@@ -1,6 +1,6 @@
 """Seconds per round of each engine on a grid of workloads, and which engine `engine=auto` picks for each.
 
-    python scripts/engine_grid.py                     # the whole grid on the CPU, one thread (about 10 minutes)
+    python scripts/engine_grid.py                     # the whole grid on the CPU, one thread (17 minutes on a busy 2-core CPU)
     python scripts/engine_grid.py --device cuda       # the same grid on a GPU (larger client data)
     python scripts/engine_grid.py --quick --rounds 1  # every workload made small: a smoke test
 
@@ -99,7 +99,8 @@ def machine_state() -> dict:
 
 def shape_of(w, device: torch.device) -> RoundShape:
     """What engine=auto reads of this workload (the model built as the run builds it)."""
-    bundle = bench.load_bundle(w, ROOT / "unused") if w.dataset not in ("mnist",) else None
+    # the shapes alone: one random sample (MNIST's are known)
+    bundle = bench.load_bundle(replace(w, max_samples=1), ROOT / "unused") if w.dataset != "mnist" else None
     size = {"mnist": (10, 1, 28)}.get(w.dataset) or (bundle.num_classes, bundle.in_channels, bundle.image_size)
     model = bench.MODELS[w.model](num_classes=size[0], in_channels=size[1], image_size=size[2])
     return RoundShape(w.per_round, model_kind(model), sum(p.numel() for p in model.parameters()), w.batch_size,
