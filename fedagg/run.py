@@ -48,7 +48,8 @@ from fedagg.runtime.numerics import numerics
 from fedagg.loop.round_loop import RoundLoop, federation_loop
 from fedagg.config.names import DISPLAY_NAME
 from fedagg.data.device import resolve_device
-from fedagg.engines.auto import CHOICE, PARALLEL, recorded_engine, stacked_alike
+from fedagg.engines.auto import AUTO, CHOICE, PARALLEL, PICKED, REASON, recorded_engine, stacked_alike
+from fedagg.engines.choice import Picked
 from fedagg.results.groups import GROUPS, RECORDED_CHOICES, method_name_of, method_of  # noqa: F401  (GROUPS: the API)
 from fedagg.tracking.files import write_json
 
@@ -204,7 +205,7 @@ def _prepare_run(cfg: DictConfig, run_dir: Path, choices: dict, overrides: list[
     log.info("%s: %d train / %d test samples, %d clients, %s with %d parameters on %s%s", fed.data.name,
              fed.partition["total"], fed.data.test_y.numel(), len(fed.clients), type(fed.model).__name__,
              num_params, summary_base["device"], f" ({model_note})" if model_note else "")
-    for note in [fed.adapters.line, weighting_note, *fed.channel.notes()]:
+    for note in [fed.picked and fed.picked.line(), fed.adapters.line, weighting_note, *fed.channel.notes()]:
         if note:
             log.info("%s", note)
     threads.apply(cfg.threads, num_params, concurrent_jobs)
@@ -284,10 +285,12 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
         raise FolderHeld(f"resume=true but the configuration differs from the checkpoint's in {', '.join(changed)}; "
                          "resume with the same settings or use a new hydra.run.dir")
     if checkpoint is not None:
-        _keep_recorded_engine(cfg, summary_base, parts, checkpoint["summary"]["config"].get("engine"))
+        _keep_recorded_engine(cfg, summary_base, parts, checkpoint["summary"], device.type)
     run_log.claim(run_dir, fresh=False)  # resumed: its log goes on (claimed already when the folder held nothing)
     fed = assemble(parts, settings, data_root=cfg.data.root, device=device, experiment_scale=cfg.experiment_scale,
                    download=cfg.data.download)
+    if fed.picked is not None:  # what engine=auto picked: a resume keeps it
+        summary_base.update({PICKED: fed.picked.engine, REASON: fed.picked.reason})
     # fed.settings: num_clients=null is now the dataset's number of clients
     loop = federation_loop(fed, fed.settings, run_dir, summary_base, checkpoint)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -296,19 +299,35 @@ def _prepare(cfg: DictConfig, run_dir: Path, choices: dict, config: dict, summar
     return loop
 
 
-def _keep_recorded_engine(cfg: DictConfig, summary_base: dict, parts, recorded: dict | None) -> None:
+def _keep_recorded_engine(cfg: DictConfig, summary_base: dict, parts, recorded_summary: dict, device: str) -> None:
     """A resumed engine=auto job goes on with the engine that trained its earlier rounds: the parallel engine when
-    a stacked sweep trained it (resumed alone), the one engine=auto picks when it ran alone (resumed stacked). The
-    job's config records that engine, as it did."""
-    if recorded is None or (kept := recorded_engine(recorded, summary_base["config"].get("engine"))) is None:
+    a stacked sweep trained it (resumed alone); when it ran alone (resumed stacked, or alone again), the pick its
+    summary recorded, or for a run written before engine=auto recorded one, what it picked then: the sequential
+    engine on the CPU, the parallel one on a GPU. The job's config records that engine, as it did."""
+    recorded = recorded_summary["config"].get("engine")
+    kept = None if recorded is None else recorded_engine(recorded, summary_base["config"].get("engine"))
+    node = summary_base["config"].get("engine") if kept is None else kept
+    if isinstance(node, dict) and node.get("_target_") == AUTO and recorded == node:
+        parts.engine = instantiate(node).keep(_recorded_pick(recorded_summary, device))
+    if kept is None:
         return
-    parts.engine = instantiate(kept)
+    if kept["_target_"] != AUTO:
+        parts.engine = instantiate(kept)
     summary_base["config"]["engine"] = kept
     summary_base["choices"]["engine"] = CHOICE[kept["_target_"]]
     with open_dict(cfg):
         cfg.engine = OmegaConf.create(kept)
     log.info("resumed with engine %s, which trained its earlier rounds (engine=auto %s)", kept["_target_"],
              "in a stacked sweep" if kept["_target_"] == PARALLEL else "alone")
+
+
+def _recorded_pick(summary: dict, device: str) -> Picked:
+    """What engine=auto picked for a run, from its summary; for a run from before it recorded one, its pick then."""
+    if summary.get(PICKED) is not None:
+        return Picked(summary[PICKED], summary.get(REASON) or "")
+    if device == "cuda":
+        return Picked("parallel", "on a GPU, as engine=auto picked when this run started")
+    return Picked("sequential", "on the CPU, as engine=auto picked when this run started")
 
 
 def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:

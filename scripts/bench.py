@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedagg.aggregators.base import FedAvg  # noqa: E402
 from fedagg.clients.trainer import LocalSGD  # noqa: E402
-from fedagg.data.datasets import DatasetBundle, mnist  # noqa: E402
+from fedagg.data.datasets import DatasetBundle, digits, mnist  # noqa: E402
 from fedagg.data.partition import dirichlet, iid  # noqa: E402
 from fedagg.seeding import generator  # noqa: E402
 from fedagg.engines import _packed  # noqa: E402
@@ -48,6 +48,8 @@ from fedagg.config.settings import Settings  # noqa: E402
 from fedagg.sampling.pool import sample_clients  # noqa: E402
 from fedagg.loop.splits import build_model  # noqa: E402
 from fedagg.models.cnns import CNNSmall, LeNet  # noqa: E402
+from fedagg.models.leaf import LSTMShakespeare  # noqa: E402
+from fedagg.models.simple import MLP, MLR  # noqa: E402
 from fedagg.models.flat import get_buffers, get_params  # noqa: E402
 from fedagg.models.resnet_cifar import ResNet20  # noqa: E402
 
@@ -57,14 +59,15 @@ LIMIT_BATCH = 500
 @dataclass
 class Workload:
     name: str
-    dataset: str  # mnist | cifar_random
+    dataset: str  # mnist | digits | cifar_random | text_random
     model: str  # a key of MODELS
     num_clients: int
     per_round: int
     partition: str  # iid | dirichlet
     batch_size: int
     samples_per_client: int | None = None
-    max_samples: int | None = None  # training pool kept (CIFAR-shaped data: how many are drawn)
+    max_samples: int | None = None  # training pool kept (CIFAR-shaped data and text: how many are drawn)
+    local_epochs: int = 1
 
 
 WORKLOADS = {
@@ -74,8 +77,10 @@ WORKLOADS = {
 }
 # The objects are built in Python, as a notebook would (no YAML: only fedagg's edge composes configurations);
 # each is what conf/model/<name>.yaml and conf/dataset/<name>.yaml give, and tests/test_bench_script.py checks that.
-MODELS = {"cnn_small": partial(CNNSmall, hidden=50), "lenet": LeNet, "resnet20": partial(ResNet20, shortcut="A")}
+MODELS = {"cnn_small": partial(CNNSmall, hidden=50), "lenet": LeNet, "resnet20": partial(ResNet20, shortcut="A"),
+          "mlp": partial(MLP, hidden=64), "mlr": MLR, "lstm_shakespeare": partial(LSTMShakespeare, embedding=8, hidden=256, layers=2)}
 NORMALISATION = {"mnist": dict(mean=[0.1307], std=[0.3081], augment=False),
+                 "digits": dict(mean=[0.3054], std=[0.3760], augment=False),
                  "cifar10": dict(mean=[0.4914, 0.4822, 0.4465], std=[0.247, 0.2435, 0.2616], augment=True)}
 QUICK = {
     "cross_device": dict(num_clients=200, per_round=20),
@@ -85,6 +90,14 @@ QUICK = {
 
 
 def load_bundle(w: Workload, data_root: Path) -> DatasetBundle:
+    if w.dataset == "digits":
+        return digits(**NORMALISATION["digits"])
+    if w.dataset == "text_random":  # Shakespeare's shape: 80 characters and the next one, a vocabulary of 80
+        g = torch.Generator().manual_seed(0)
+        n = w.max_samples or w.num_clients * (w.samples_per_client or 1)
+        return DatasetBundle("text_random", torch.randint(0, 80, (n, 81), dtype=torch.uint8, generator=g),
+                             torch.zeros(n, dtype=torch.long), torch.zeros(1, 81, dtype=torch.uint8),
+                             torch.zeros(1, dtype=torch.long), 80, (0.0,), (1.0,), False, inputs="tokens")
     if w.dataset == "mnist":
         bundle = mnist(str(data_root), **NORMALISATION["mnist"])
         if w.max_samples is not None:
@@ -209,7 +222,8 @@ class LimitPass:
         return self.data.train_batch(batch, generator(0, "limit", device=self.data.device))
 
 
-def run_workload(w: Workload, args, device: torch.device, peak_flops: float) -> list[dict]:
+def run_workload(w: Workload, args, device: torch.device, peak_flops: float, limit_row: bool = True) -> list[dict]:
+    """The rows of `w`: each engine's, and the limit's unless `limit_row` is off (then no FLOP count either)."""
     bundle = load_bundle(w, args.data_root)
     if w.partition == "iid":
         split = partial(iid, samples_per_client=w.samples_per_client)
@@ -217,7 +231,7 @@ def run_workload(w: Workload, args, device: torch.device, peak_flops: float) -> 
         split = partial(dirichlet, alpha=0.5)
     factory = MODELS[w.model]
     settings = Settings(seed=0, rounds=args.rounds + 1, num_clients=w.num_clients, clients_per_round=w.per_round)
-    trainer_kw = dict(lr=0.05, momentum=0.0, local_epochs=1, batch_size=w.batch_size)
+    trainer_kw = dict(lr=0.05, momentum=0.0, local_epochs=w.local_epochs, batch_size=w.batch_size)
     engines = {
         "sequential": SequentialEngine(),
         "parallel": ParallelEngine(chunk_size=args.chunk_size, precision=args.precision,
@@ -230,7 +244,7 @@ def run_workload(w: Workload, args, device: torch.device, peak_flops: float) -> 
     gp, gb = get_params(model), get_buffers(model)
     limit = LimitPass(build_model(factory, bundle, 0, device), data, args)
     trainers = {name: LocalSGD(**trainer_kw) for name in engines}
-    times = {name: [] for name in (*engines, "limit")}
+    times = {name: [] for name in (*engines, "limit")[: 3 if limit_row else 2]}
     peaks = {name: 0 for name in times}
     rises = {name: 0 for name in times}
     results = {}
@@ -257,10 +271,13 @@ def run_workload(w: Workload, args, device: torch.device, peak_flops: float) -> 
                 times[name].append(elapsed)
                 peaks[name] = max(peaks[name], mem.peak)
                 rises[name] = max(rises[name], mem.rise)
-    flop_idx = torch.cat([c.train_idx for c in [clients[i] for i in sample_clients(settings, 2)]])
-    with FlopCounterMode(display=False) as counter:
-        limit.train_round(flop_idx)
-    flops = counter.get_total_flops() * (sum(samples[1:]) / len(samples[1:])) / flop_idx.numel()
+    flops = float("nan")
+    if limit_row:
+        flop_idx = torch.cat([c.train_idx for c in [clients[i] for i in sample_clients(settings, 2)]])
+        with FlopCounterMode(display=False) as counter:
+            limit.train_round(flop_idx)
+        flops = counter.get_total_flops() * (sum(samples[1:]) / len(samples[1:])) / flop_idx.numel()
+    limit_s = statistics.median(times["limit"]) if limit_row else float("nan")
     ref = results["sequential"]
     rows = []
     for name in times:
@@ -268,7 +285,7 @@ def run_workload(w: Workload, args, device: torch.device, peak_flops: float) -> 
         rows.append(dict(
             workload=w.name, engine=name, s_per_round=sec, samples_per_s=statistics.mean(samples[1:]) / sec,
             peak_mb=peaks[name] / 2**20, rise_mb=rises[name] / 2**20, vs_seq=sec / statistics.median(times["sequential"]),
-            vs_limit=sec / statistics.median(times["limit"]), gflops=flops / sec / 1e9,
+            vs_limit=sec / limit_s, gflops=flops / sec / 1e9,
             peak_share=flops / sec / peak_flops,
             diff=(float((results[name] - ref).norm() / ref.norm()) if name in results else None),
         ))

@@ -123,6 +123,8 @@ def shell(block: Block) -> str:
     lines = [with_tiny(line, block.above.get("tiny", "")) for line in commands(block.code)]
     # `PYTHONPATH=. python ...`: the reader's folder on the path, beside the fedagg under test
     lines = [line.replace("PYTHONPATH=. ", 'PYTHONPATH=".:$PYTHONPATH" ') for line in lines]
+    # `python scripts/x.py`, typed in a clone's root: the repository's script, from the fresh folder
+    lines = [re.sub(r"(^|\s)python scripts/", rf"\1python {shlex.quote(str(ROOT))}/scripts/", line) for line in lines]
     lines = [re.sub(r"(^|\s)python(\s)", rf"\1{shlex.quote(sys.executable)}\2", line) for line in lines]
     return "set -e\n" + "\n".join(lines) + "\n"
 

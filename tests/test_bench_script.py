@@ -20,7 +20,8 @@ def load_bench():
     return module
 
 
-@pytest.mark.parametrize("name,shape", [("cnn_small", (1, 28)), ("lenet", (1, 28)), ("resnet20", (3, 32))])
+@pytest.mark.parametrize("name,shape", [("cnn_small", (1, 28)), ("lenet", (1, 28)), ("resnet20", (3, 32)),
+                                        ("mlp", (1, 8)), ("mlr", (1, 28)), ("lstm_shakespeare", (1, 80))])
 def test_models_are_the_yaml_options(name, shape):
     bench = load_bench()
     kw = dict(num_classes=10, in_channels=shape[0], image_size=shape[1])
@@ -34,7 +35,7 @@ def test_models_are_the_yaml_options(name, shape):
         assert torch.equal(a, b), k
 
 
-@pytest.mark.parametrize("name", ["mnist", "cifar10"])
+@pytest.mark.parametrize("name", ["mnist", "cifar10", "digits"])
 def test_normalisation_is_the_dataset_yaml(name):
     yaml = OmegaConf.load(ROOT / "conf" / "dataset" / f"{name}.yaml")
     ours = load_bench().NORMALISATION[name]

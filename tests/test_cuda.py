@@ -40,7 +40,9 @@ def test_auto_runs_the_parallel_engine_with_a_chunk_from_gpu_memory():
 
     from fedagg.models.resnet_imagenet import ResNet18
 
-    engine = instantiate(cc("device=cuda").engine)
+    from fedagg.engines.choice import RoundShape
+
+    engine, _ = instantiate(cc("device=cuda").engine).for_run(RoundShape(1, "conv", 11_000_000, 64, "cuda"))
     assert type(engine) is ParallelEngine and engine.chunk_size == "auto"
     model = ResNet18(num_classes=200, in_channels=3, image_size=64).cuda()
     sample = torch.randn(3, 64, 64, device="cuda")

@@ -6,25 +6,35 @@ from hydra.utils import instantiate
 
 from conftest import compose_config
 from fedagg.engines import auto, memory
+from fedagg.engines.choice import RoundShape
 from fedagg.engines.parallel import ParallelEngine
 from fedagg.engines.sequential import SequentialEngine
 from fedagg.models.cnns import CNNSmall
 from fedagg.models.simple import MLP
 
 
-def test_the_default_engine_is_sequential_on_the_cpu_and_parallel_on_a_gpu(monkeypatch):
-    cfg = compose_config("device=cpu")
-    assert type(instantiate(cfg.engine)) is SequentialEngine
+def test_auto_gives_the_parallel_engine_its_options_and_the_sequential_one_its_batch(monkeypatch):
+    """What engine=auto picks is fedagg.engines.choice's rule (tests/test_auto_engine.py); here, that the engine it
+    hands the run is built from the engine group's options."""
+    seq = RoundShape(per_round=2, kind="conv", params=1000, batch_size=8, device="cpu")  # too few clients to stack
+    engine, picked = instantiate(compose_config("device=cpu", "engine.eval_batch_size=77").engine).for_run(seq)
+    assert type(engine) is SequentialEngine and engine.eval_batch_size == 77 and picked.engine == "sequential"
     monkeypatch.setattr(auto, "resolve_device", lambda name: torch.device("cuda"))
     engine = instantiate(compose_config("engine.precision=bf16", "engine.chunk_size=7").engine)
-    assert type(engine) is ParallelEngine
+    engine, picked = engine.for_run(RoundShape(**{**seq.__dict__, "device": "cuda"}))
+    assert type(engine) is ParallelEngine and picked.engine == "parallel"
     assert (engine.precision, engine.chunk_size, engine.clients_in_memory) == ("bf16", 7, 7)
 
 
 @pytest.mark.parametrize("key, value", [("precision", "bf16"), ("channels_last", True), ("compile", True)])
-def test_auto_on_the_cpu_refuses_what_only_the_parallel_engine_does(key, value):
-    with pytest.raises(ValueError, match=rf"engine\.{key}=.*engine=parallel"):
-        auto.auto_engine("cpu", **{key: value})
+def test_auto_on_the_cpu_refuses_what_only_the_parallel_engine_does_where_it_picks_the_sequential_one(key, value):
+    stacked = RoundShape(per_round=100, kind="conv", params=1000, batch_size=8, device="cpu")  # inside the bounds
+    engine, _ = auto.auto_engine("cpu", **{key: value}).for_run(stacked)
+    assert type(engine) is ParallelEngine and getattr(engine, key) == value
+    alone = RoundShape(**{**stacked.__dict__, "kind": "recurrent"})
+    with pytest.raises(ValueError, match=rf"^engine\.{key}=.*stacked recurrent models are not faster on the CPU\); "
+                                         rf"use engine=parallel"):
+        auto.auto_engine("cpu", **{key: value}).for_run(alone)
 
 
 def test_auto_asks_for_cuda_only_where_there_is_one():

@@ -9,7 +9,7 @@ engines must match.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +17,9 @@ from torch import Tensor, nn
 from fedagg.clients.client import ClientData
 from fedagg.clients.trainer import LocalSGD
 from fedagg.config.constraints import Range, checked
+
+if TYPE_CHECKING:
+    from fedagg.engines.choice import Picked, RoundShape
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,11 @@ class Engine:
         """How many clients' models training holds at once; the aggregator's round-wide temporaries
         are cut to the same size (`RoundInputs.block_rows`)."""
         return 1
+
+    def for_run(self, shape: "RoundShape") -> tuple["Engine", "Picked | None"]:
+        """The engine that trains a run of this shape, and how it was picked: itself, picked by the user (None);
+        engine=auto picks one (fedagg.engines.auto)."""
+        return self, None
 
     def train_round(self, job: RoundJob) -> RoundResult:
         raise NotImplementedError

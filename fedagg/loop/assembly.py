@@ -21,6 +21,7 @@ from fedagg.channel.chain import Channel
 from fedagg.data.device import DeviceData
 from fedagg.data.natural import natural as natural_partition, own_test_splits, split_pool, takes_owners
 from fedagg.data.partition_report import partition_stats
+from fedagg.engines.choice import RoundShape, model_kind
 from fedagg.seeding import generator
 from fedagg.loop.federation import Federation, Parts  # noqa: F401  (Parts: where callers find it)
 from fedagg.loop.inputs import check_needs
@@ -220,6 +221,11 @@ def assemble(parts: Parts, settings: Settings, *, data_root: str | Path, device,
         own = torch.cat([torch.cat([clients[i].train_idx, clients[i].val_idx]) for i in corrupted])
         data.train_y = parts.attack.poison_labels(data.train_y, own, data.num_classes)
     parts.clock.connect(settings.seed, settings.num_clients)
-    return Federation(data, model, clients, parts.aggregator, parts.client, parts.engine, parts.logger, server_idx, stats,
+    # engine=auto picks its engine from the run's configuration, now that the model is built
+    shape = RoundShape(parts.server.per_step(settings)[0], model_kind(model), sum(p.numel() for p in model.parameters()),
+                       parts.client.batch_size, torch.device(device).type)
+    engine, picked = parts.engine.for_run(shape)
+    return Federation(data, model, clients, parts.aggregator, parts.client, engine, parts.logger, server_idx, stats,
                       parts.system, parts.clock, server=parts.server, attack=parts.attack, corrupted=corrupted,
-                      channel=parts.channel, sampler=parts.sampler, settings=settings, adapters=adapters)
+                      channel=parts.channel, sampler=parts.sampler, settings=settings, adapters=adapters,
+                      picked=picked)

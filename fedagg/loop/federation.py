@@ -18,6 +18,7 @@ from fedagg.clients.trainer import LocalSGD
 from fedagg.config.settings import Settings
 from fedagg.data.device import DeviceData
 from fedagg.engines.base import Engine
+from fedagg.engines.choice import Picked
 from fedagg.models.adapters import Adapters, NoAdapter
 from fedagg.sampling.base import Sampler
 from fedagg.system.base import System
@@ -67,3 +68,4 @@ class Federation:
     sampler: Sampler = field(default_factory=Sampler)
     settings: Settings | None = None  # as run: num_clients=None resolved to the dataset's number of clients
     adapters: Adapters = field(default_factory=Adapters.none)  # the model's adapters and frozen base (adapter=lora)
+    picked: Picked | None = None  # the engine engine=auto picked, and why; None: the user picked it
