@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from results_runs import fake_run
 
-from fedagg.results import plots
+from fedagg.results import plots, table
+from fedagg.results.runs import ResultsError
 
 
 def lines_drawn(monkeypatch) -> dict[str, dict[str, list]]:
@@ -51,4 +53,33 @@ def test_curve_of_a_column_no_run_has_is_one_line_before_any_figure(tmp_path, mo
     assert plots.main([str(tmp_path / "sweep"), "--curve", "agg_eror", "--wandb-mode", "disabled"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["--curve agg_eror: no run's metrics.csv has that column"]
     assert not list((tmp_path / "sweep").glob("*.png"))
+
+
+def three_seeds(folder: Path, spec: dict | None = None) -> None:
+    """One method on seeds 0-2 with final accuracies 90, 92 and 97%: mean 93, sd √13 = 3.6056."""
+    for seed, acc in enumerate((0.90, 0.92, 0.97)):
+        fake_run(folder / f"s{seed}", seed=seed, acc=acc, method="fedit", method_name="FedIT",
+                 choices={"aggregator": "fedit"}, config={"table": spec} if spec else None)
+
+
+def test_a_table_shows_each_mean_with_its_95_percent_t_interval_or_the_seeds_sd(tmp_path):
+    three_seeds(tmp_path / "sweep")
+    cell = lambda built: built.cells.iloc[0]  # noqa: E731
+    sd = table.build_table(tmp_path / "sweep", metric="final_test_acc")
+    assert cell(sd)["measured_text"] == "93.00 ± 3.61" and "mean ± std over seeds" in sd.to_markdown()
+    # t(0.975, 2 degrees of freedom) = 4.3027; 4.3027 x 3.6056 / √3 = 8.9567
+    ci = table.build_table(tmp_path / "sweep", metric="final_test_acc", spread="ci95")
+    assert cell(ci)["measured_text"] == "93.00 ± 8.96" and abs(cell(ci)["ci95"] - 8.9567) < 1e-3
+    assert "mean ± the half-width of the mean's 95% t interval over seeds (0, 1, 2)" in ci.to_markdown()
+
+
+def test_a_tables_own_spread_is_its_default_and_an_unknown_one_is_one_line(tmp_path):
+    three_seeds(tmp_path / "ci", {"metric": "final_test_acc", "spread": "ci95"})
+    assert table.build_table(tmp_path / "ci").cells.iloc[0]["measured_text"] == "93.00 ± 8.96"
+    assert table.build_table(tmp_path / "ci", spread="sd").cells.iloc[0]["measured_text"] == "93.00 ± 3.61"
+    three_seeds(tmp_path / "bad", {"metric": "final_test_acc", "spread": "sem"})
+    with pytest.raises(ResultsError) as err:
+        table.build_table(tmp_path / "bad")
+    assert str(err.value) == ("table.spread='sem' is not allowed; it must be one of sd, ci95 (± the standard deviation "
+                              "over seeds, or the half-width of the mean's 95% t interval)")
 
