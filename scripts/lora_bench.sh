@@ -34,11 +34,12 @@ timed() {  # timed NAME COMMAND...: run it, then print (and keep in times.txt) h
     echo "wall time $name: $((SECONDS - start)) s" | tee -a "$out/times.txt"
 }
 
-# the setting (vit_tiny on 14x14 MNIST, 10 clients, Dirichlet(0.1), local epochs) is conf/experiment/lora_mnist.yaml;
+# the setting (vit_tiny on 14x14 MNIST, 10 clients, Dirichlet(0.1), local epochs) is scripts/lora_conf/experiment/lora_mnist.yaml;
 # experiment_scale shrinks the rounds too (rounds x scale are trained): ask for rounds / scale
 scaled_rounds=$(python -c "import math, sys; print(math.ceil(int(sys.argv[1]) / float(sys.argv[2])))" "$rounds" "$scale")
 model=(model=vit_tiny model.input_size=14 model.patch_size=7)
-common=(+experiment=lora_mnist model.pretrained="$out/base.pt" experiment_scale="$scale")
+conf=$(cd "$(dirname "$0")" && pwd)/lora_conf
+common=(hydra.searchpath=["file://$conf"] +experiment=lora_mnist model.pretrained="$out/base.pt" experiment_scale="$scale")
 lora=(adapter=lora adapter.rank=8)
 
 steps=" ${LORA_BENCH_STEPS:-pretrain homo hetero full tables compare} "
