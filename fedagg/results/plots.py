@@ -78,6 +78,7 @@ def unfinished_note(unfinished: list[dict]) -> str:
     return (f"{len(unfinished)} run(s) without a summary.json left out: {listed}{' …' if len(unfinished) > 10 else ''}")
 
 
+RUN_KEYS = ("method", comparison.TUNING)  # cell keys a table reads from the run itself (fedagg.results.table's)
 METHOD_KEYS = ("method", "method_name", "aggregator", "client/objective", "seed")  # what a line is, not a panel
 
 
@@ -116,7 +117,7 @@ def describe(run: dict, axes: list[str] = ()) -> tuple[str, str]:
     def text(names: list[str]) -> str:
         parts = []
         for name in names:
-            path = keys.get(name, f"choices.{name}")
+            path = keys.get(name, name if name in RUN_KEYS else f"choices.{name}")  # `method`: the run's own id
             parts.append(label(spec, name, key_text(lookup(s, path))))
         return " ".join(parts)
 
