@@ -12,6 +12,8 @@ folder given, or `--out`):
                     log scale, from metrics.csv's bits_up_total and bits_down_total (runs that count them)
   accuracy_time.png test accuracy against the simulated time (left, metrics.csv's sim_time) and the client
                     updates aggregated (right, client_updates), for runs on a clock (clock=lognormal, ...)
+  <COLUMN>.png      with --curve COLUMN: that metrics.csv column per round, as accuracy.png draws the accuracy
+                    (e.g. --curve agg_error, the adapter rules' aggregation error); runs without it are left out
   methods.pdf/.png  of a comparison's folder: every tuned method on one axis (fedagg.results.figure), one column
                     (--width column, 3.3 in) or the page (--width page, 7 in) wide, TrueType fonts embedded
 Runs of a table experiment are grouped as the table is: one panel per column cell, one
@@ -76,6 +78,7 @@ def unfinished_note(unfinished: list[dict]) -> str:
     return (f"{len(unfinished)} run(s) without a summary.json left out: {listed}{' …' if len(unfinished) > 10 else ''}")
 
 
+RUN_KEYS = ("method", comparison.TUNING)  # cell keys a table reads from the run itself (fedagg.results.table's)
 METHOD_KEYS = ("method", "method_name", "aggregator", "client/objective", "seed")  # what a line is, not a panel
 
 
@@ -114,7 +117,7 @@ def describe(run: dict, axes: list[str] = ()) -> tuple[str, str]:
     def text(names: list[str]) -> str:
         parts = []
         for name in names:
-            path = keys.get(name, f"choices.{name}")
+            path = keys.get(name, name if name in RUN_KEYS else f"choices.{name}")  # `method`: the run's own id
             parts.append(label(spec, name, key_text(lookup(s, path))))
         return " ".join(parts)
 
@@ -258,6 +261,13 @@ def plot_accuracy_by(groups: dict, out: Path, name: str = "accuracy_bits.png", x
     return path
 
 
+def curve_groups(groups: dict, column: str) -> dict:
+    """`groups` (panel -> line -> runs) cut to the lines whose runs have `column` (full fine-tuning records no
+    aggregation error of adapters), and the panels left with a line."""
+    kept = {panel: {line: runs for line, runs in lines.items() if series(runs, column)[0]} for panel, lines in groups.items()}
+    return {panel: lines for panel, lines in kept.items() if lines}
+
+
 def column_name(column: str) -> str:
     return {"update_norm": "N", "client_update_norm": "E"}.get(column, column)
 
@@ -309,6 +319,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--width", choices=("column", "page"), default="column",
                         help="a comparison's methods.pdf: one column of a two-column paper (3.3 in, panels stacked) or "
                              "the page (7 in, side by side)")
+    parser.add_argument("--curve", action="append", default=[], metavar="COLUMN",
+                        help="also draw this metrics.csv column per round into COLUMN.png (repeatable), e.g. agg_error")
     parser.add_argument("--wandb-mode", choices=("online", "offline", "disabled"),
                         help="override the runs' W&B mode for the plot run (disabled: no W&B)")
     args = parser.parse_args(argv)
@@ -331,12 +343,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         panel, line = describe(run, axes)
         groups[panel][line].append(run)
     colours = palette(runs, axes)
+    curves = {column: curve_groups(groups, column) for column in args.curve}
+    missing = [column for column, lines in curves.items() if not lines]
+    if missing:
+        print(f"--curve {missing[0]}: no run's metrics.csv has that column", file=sys.stderr)
+        return 2
     images = [
         plot_curves(groups, out, "accuracy.png", [("test_acc", "-", 100.0)], "test accuracy (%)", colours),
         plot_curves(groups, out, "update_norms.png", [("update_norm", "-", 1.0), ("client_update_norm", "--", 1.0)],
                     "update norm (N solid, E dashed)", colours),
         plot_weights(runs, out, args.max_weight_panels, axes),
     ]
+    images += [plot_curves(lines, out, f"{column}.png", [(column, "-", 1.0)], column, colours)
+               for column, lines in curves.items()]
     by_bits = plot_accuracy_by(groups, out, palette=colours)
     by_time = plot_accuracy_by(groups, out, "accuracy_time.png", TIME, log=False, palette=colours)
     # runs from before metrics.csv counted bits have none to draw; runs without a clock have no time

@@ -10,7 +10,8 @@ metric, labels, and the CSV of the paper's numbers (`paper_results/<name>.csv`, 
 line per cell with the same keys and a `paper` column). Runs of any other sweep work
 with `--rows`/`--columns` (and `--key name=path` where a key is not a group choice).
 
-Every cell shows the measured mean ± std over seeds, then the paper's value and the
+Every cell shows the measured mean ± std over seeds (`--spread ci95`: ± the half-width of the mean's 95%
+t interval), then the paper's value and the
 difference: `89.73 ± 0.12 (91.20, -1.47)` (without published numbers, the measured value
 alone). A cell whose runs all diverged is `×`, as in the papers; a cell without runs, or a
 number the paper does not report, is `—`. The markdown goes to stdout and `table.md`; one
@@ -76,6 +77,10 @@ def table_spec(runs: list[dict], args) -> dict:
     spec.setdefault("decimals", decimals)
     if args.paper:
         spec["paper"] = args.paper
+    spec["spread"] = getattr(args, "spread", None) or spec.get("spread") or "sd"
+    if spec["spread"] not in SPREADS:
+        raise ResultsError(f"table.spread={spec['spread']!r} is not allowed; it must be one of {', '.join(SPREADS)} "
+                           "(± the standard deviation over seeds, or the half-width of the mean's 95% t interval)")
     return spec
 
 
@@ -86,6 +91,7 @@ def table_spec_metric(runs: list[dict]) -> str | None:
 
 
 METHOD = "method"  # summary.json's method id (fedagg.results.groups.method_of): the rows unless a table says otherwise
+SPREADS = ("sd", "ci95")  # what follows a cell's mean: ± the seeds' standard deviation, or its 95% t interval
 RUN_KEYS = (METHOD, "tuning")  # cell keys read from the run itself, not from its choices or config
 DEFAULT_METRIC = derived.LAST_K  # the comparison's test metric too: one definition unless --metric or the table names another
 METRIC_NAMES = {"final": "final_test_acc", "best": "best_test_acc", "last_k": derived.LAST_K,  # --metric final|...
@@ -162,7 +168,8 @@ def notes(runs: list[dict], spec: dict, extra: set, unfinished: list[dict] = ())
     seeds = sorted({str(r.get("seed")) for r in runs}, key=lambda x: (not x.isdigit(), int(x) if x.isdigit() else 0, x))
     what = spec["metric"] + (" (%)" if spec["percent"] else "")
     against = ", then (paper value, measured − paper)" if spec.get("has_paper") else ""
-    out.append(f"Each cell: measured {what}, mean ± std over seeds ({', '.join(seeds)}){against}. "
+    spread = "± the half-width of the mean's 95% t interval" if spec.get("spread") == "ci95" else "± std"
+    out.append(f"Each cell: measured {what}, mean {spread} over seeds ({', '.join(seeds)}){against}. "
                f"{CROSS}: every run diverged; {DASH}: not run or not reported.")
     profiles = Counter(str(((r.get("config") or {}).get("table") or {}).get("profile")) for r in runs)
     profiles.pop("None", None)
@@ -192,12 +199,13 @@ def notes(runs: list[dict], spec: dict, extra: set, unfinished: list[dict] = ())
 def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[str] | None = None,
                 metric: str | None = None, paper: str | None = None, keys: dict[str, str] | None = None,
                 measured_only: bool = False, baseline: str | None = None, runs: list[dict] | None = None,
-                last_k: int | None = None, order: list[str] | None = None) -> render.Table:
+                last_k: int | None = None, order: list[str] | None = None, spread: str | None = None) -> render.Table:
     """The table of the runs below `folder` (the table experiment's layout unless rows, columns, metric or paper
     are given; keys: where a cell key is found in summary.json), with the paired statistics against the row
     `baseline` when given (the CD diagram is written into folder); metric last_k averages the last `last_k` evaluated
     rounds (default ⌈R/10⌉); order: the methods' row order (a comparison's methods=, read from its folder unless
-    given). ResultsError: one line saying why not."""
+    given); spread: sd or ci95, what follows each mean (default: the table's, else sd). ResultsError: one line
+    saying why not."""
     folder = Path(folder)
     compared = runs is None and comparison.is_comparison(folder)  # its confirm runs, tuned and defaults side by side
     found = comparison.confirm_runs(folder) if compared else read_runs(folder) if runs is None else runs
@@ -209,7 +217,7 @@ def build_table(folder: Path, *, rows: list[str] | None = None, columns: list[st
         columns = columns or [*comparison.setting_columns(runs), comparison.TUNING]
         baseline = baseline or comparison.baseline(folder)
     args = argparse.Namespace(rows=rows, columns=columns, metric=metric, paper=paper,
-                              key=[f"{k}={v}" for k, v in (keys or {}).items()])
+                              key=[f"{k}={v}" for k, v in (keys or {}).items()], spread=spread)
     if last_k is not None and (isinstance(last_k, bool) or not isinstance(last_k, int) or last_k < 1):
         raise ResultsError(f"--last-k {last_k} is not allowed; it must be an integer >= 1 (evaluated rounds averaged)")
     shown = metric or table_spec_metric(runs) or DEFAULT_METRIC  # --metric, else the table's own (table.metric)
@@ -283,6 +291,8 @@ def main(argv: list[str] | None = None, prog: str | None = None, stats_only: boo
     parser.add_argument("--measured-only", action="store_true",
                         help="show only the rows and columns that have runs (a partly run table)")
     parser.add_argument("--last-k", type=int, help="with --metric last_k: how many evaluated rounds (default ⌈R/10⌉)")
+    parser.add_argument("--spread", choices=SPREADS, help="after each mean: ± the standard deviation over the seeds "
+                        "(sd) or the half-width of the mean's 95%% t interval (ci95) (default: the table's, else sd)")
     parser.add_argument("--baseline", required=stats_only,
                         help="a row (e.g. fedavg): paired differences to it, ranks, Friedman, CD diagram")
     parser.add_argument("--format", choices=("markdown", "csv", "latex", "html"), default="markdown",
@@ -295,7 +305,7 @@ def main(argv: list[str] | None = None, prog: str | None = None, stats_only: boo
     try:
         table = build_table(args.folder, rows=args.rows, columns=args.columns, metric=args.metric, paper=args.paper,
                             keys=keys, measured_only=args.measured_only, baseline=args.baseline,
-                            last_k=args.last_k)
+                            last_k=args.last_k, spread=args.spread)
     except ResultsError as err:
         print(err, file=sys.stderr)
         return 2

@@ -86,7 +86,11 @@ def measure(runs: list[dict], spec: dict) -> dict:
     else:
         out["mean"] = statistics.fmean(reached)
         out["std"] = statistics.stdev(reached) if len(reached) > 1 else None
-        out["text"] = fmt(out["mean"], d) + (f" ± {fmt(out['std'], d)}" if out["std"] is not None else "")
+        spread = out["std"]
+        if spec.get("spread") == "ci95" and spread is not None:  # the half-width of the mean's 95% t interval
+            from scipy import stats  # noqa: PLC0415 - only tables that ask for intervals need scipy here
+            spread = out["ci95"] = float(stats.t.ppf(0.975, len(reached) - 1)) * spread / math.sqrt(len(reached))
+        out["text"] = fmt(out["mean"], d) + (f" ± {fmt(spread, d)}" if spread is not None else "")
         if len(reached) < len(done):
             out["text"] += f" ({len(reached)}/{len(done)} reached)"
     if diverged:
