@@ -291,3 +291,22 @@ def test_channels_last_weights_reach_the_grouped_convolution_without_a_copy():
     assert packed.contiguous(memory_format=torch.channels_last).data_ptr() == leaf.data_ptr()
     plain = w[1:3].detach()  # stacked as before: every forward copied the weights into channels_last
     assert plain.reshape(-1, 3, 5, 5).contiguous(memory_format=torch.channels_last).data_ptr() != plain.data_ptr()
+
+
+def test_grouped_convolutions_on_the_cpu_compute_in_channels_last(monkeypatch):
+    """Faster there (docs/explanations/speed.md), whatever engine.channels_last says; not in a model with
+    normalisation layers (not measured faster)."""
+    from fedagg.engines import _packed
+    from fedagg.models.cnns import CNNBN
+
+    assert not _packed.pack(CNNBN(num_classes=10, in_channels=1, image_size=28))[1].cpu_channels_last
+
+    model, data, clients = _setup(CNNSmall, 1, 28, [9, 21, 14], False)
+    seen, conv2d = [], _packed.F.conv2d
+    monkeypatch.setattr(_packed.F, "conv2d", lambda x, w, *a: seen.append((x, w, a[-1])) or conv2d(x, w, *a))
+    ParallelEngine().train_round(RoundJob(model, LocalSGD(lr=0.05, batch_size=8), data, clients, get_params(model),
+                                          get_buffers(model), lr=0.05, seed=0, round=1))
+    grouped = [(x, w) for x, w, groups in seen if groups == 3]  # the step's three clients in one call
+    assert len(grouped) >= 2 and all(x.dim() == 4 for x, _ in grouped)
+    cl = torch.channels_last
+    assert all(x.is_contiguous(memory_format=cl) and w.is_contiguous(memory_format=cl) for x, w in grouped)

@@ -46,6 +46,7 @@ from fedagg.engines.base import Engine, RoundJob, RoundResult, local_steps, stac
 from fedagg.engines.memory import CPU_CHUNK, auto_chunk_size
 from fedagg.models.base import Representation
 from fedagg.models.flat import unflatten
+from fedagg.runtime.heap import keep_freed_memory
 
 ChunkSize = Annotated[int | str, Range(ge=1, integer=True, also=("auto",), words="use auto or an integer >= 1")]
 log = logging.getLogger(__name__)
@@ -178,6 +179,8 @@ class ParallelEngine(Engine):
             return self._train_rounds(jobs)
 
     def _train_rounds(self, jobs: list[RoundJob]) -> list[RoundResult]:
+        if jobs[0].global_params.device.type == "cpu":  # a stacked step's tens of MB, reused rather than faulted in
+            keep_freed_memory()
         self._prepare_model(jobs[0].model)
         self._resolve_chunk_size(jobs)
         steps = [job.steps() for job in jobs]
