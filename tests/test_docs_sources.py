@@ -27,7 +27,8 @@ def _hits(where: str, text: str | None) -> list[str]:
 
 
 def _yaml_files() -> list[Path]:
-    return [reference.CONF / "config.yaml"] + [p for g in reference.groups() for p in sorted((reference.CONF / g).glob("*.yaml"))]
+    groups = [p for g in reference.groups() for p in sorted((reference.CONF / g).glob("*.yaml"))]
+    return [reference.CONF / "config.yaml", *groups]
 
 
 def _option_modules() -> dict[str, object]:
