@@ -16,7 +16,8 @@ A page's fenced blocks are read in order with the HTML comments just above and b
     <!-- check: count "TEXT" N -->  (below: its output holds TEXT exactly N times, e.g. one line a run)
 
 A python or yaml block whose first line is `# some/path.ext` is written to that path first, as a reader would
-save it. A path with a placeholder (`outputs/multirun/<date>/<time>`) is the newest folder that matches. Everything runs in a fresh folder with the repository's python, as on a fresh clone.
+save it. A path with a placeholder (`outputs/multirun/<date>/<time>`) is the newest folder that matches.
+Everything runs in a fresh folder with the repository's python, as on a fresh clone.
 """
 
 from __future__ import annotations
@@ -145,6 +146,8 @@ def execute(block: Block, folder: Path, env: dict, timeout: float = 300) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(block.code)
         return ""
+    if "scripts/" in block.code and not (folder / "scripts").exists():
+        (folder / "scripts").symlink_to(ROOT / "scripts")  # the page's commands run from a clone's root
     if block.lang == "python":
         argv = [sys.executable, "-c", block.code]
     elif block.lang in ("bash", "sh", "shell"):
@@ -168,7 +171,8 @@ def verify(block: Block, folder: Path, output: str) -> None:
             text, times = rest.rsplit(" ", 1)
             text = text.strip().strip('"')
             found = output.count(text)
-            assert found == int(times), f"{block.name}: {text!r} {found} times, the page says {times}:\n{output[-3000:]}"
+            assert found == int(times), (f"{block.name}: {text!r} {found} times, the page says {times}:\n"
+                                         f"{output[-3000:]}")
         elif kind == "exists":
             assert (folder / rest.strip()).exists(), f"{block.name}: {rest.strip()} was not written"
         elif kind == "json":

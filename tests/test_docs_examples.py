@@ -1,9 +1,9 @@
 """Every example of README.md and the documentation site does what its page says (see tests/docs_examples.py).
 
 Pages in `run` mode run their blocks in order in a fresh folder, at the small scale the `tiny` comment beside a
-block states, and check the claims written under it; a block a `check` page marks `run` runs alone, the same way. Every other `python -m fedagg.run` line of every page is
-composed and checked as the run would before training (keys, types, ranges, the parts wired together): a line
-the docs show is never refused.
+block states, and check the claims written under it; a block a `check` page marks `run` runs alone, the same way.
+Every other `python -m fedagg.run` line of every page is composed and checked as the run would before training
+(keys, types, ranges, the parts wired together): a line the docs show is never refused.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_slow_examples(page, block, tmp_path):
     for other in blocks(page):
         if other.path:
             execute(other, tmp_path, env)
-    verify(block, tmp_path, execute(block, tmp_path, env))
+    verify(block, tmp_path, execute(block, tmp_path, env, timeout=900))
 
 
 def _checked_pages() -> list:
