@@ -45,15 +45,6 @@ class Option:
     entries: list[Entry] = field(default_factory=list)
 
 
-def for_readers(text: str) -> str:
-    """Comments written for the developers name local copies of the papers (`x.txt`): the site says "the paper"."""
-    text = re.sub(r"\(?\b[\w.-]+\.txt\b\)?", "the paper", text)
-    text = re.sub(r"\.\./shared/[\w./-]*\w", "fedagg's notes on the papers' settings", text)  # not in a clone
-    text = text.replace("SPEC.md", "fedagg's design")
-    text = re.sub(r';?\s*SPEC "[^"]*"', "", text)  # the developers' design notes, which the site does not carry
-    return re.sub(r"\bSPEC\b", "fedagg's design", text)
-
-
 def groups(conf: Path = CONF) -> list[str]:
     """Every folder of `conf/` holding YAML options, nested ones as `client/objective`."""
     found = sorted({str(p.parent.relative_to(conf)) for p in conf.rglob("*.yaml") if p.parent != conf})
@@ -155,7 +146,7 @@ def _node_entries(node: dict, prefix: str, comments: dict[str, str]) -> list[Ent
             accepted, meaning = "a string", comments.get(dotted) or "the method's name in tables, figures and W&B"
         else:
             meaning = comments.get(dotted, "")
-        entries.append(Entry(dotted, for_readers(_shown(value)), accepted, for_readers(meaning)))
+        entries.append(Entry(dotted, _shown(value), accepted, meaning))
     return entries
 
 
@@ -170,7 +161,7 @@ def option(path: Path, conf: Path = CONF) -> Option:
             source = inspect.getdoc(inspect.getmodule(_locate(target))) or ""
         except (ImportError, AttributeError):
             source = ""
-    opt = Option(group, path.stem, target, for_readers(about), for_readers(source))
+    opt = Option(group, path.stem, target, about, source)
     opt.entries = _node_entries(node, "", comments)
     return opt
 
@@ -197,7 +188,7 @@ def top_level(conf: Path = CONF) -> list[Entry]:
                 out += flat(value, f"{key}.", sub)
             else:
                 words = _type_words(hints.get(key)) if key in hints else ""
-                out.append(Entry(f"{prefix}{key}", _shown(value), words, for_readers(comments.get(f"{prefix}{key}", ""))))
+                out.append(Entry(f"{prefix}{key}", _shown(value), words, comments.get(f"{prefix}{key}", "")))
         return out
 
     return flat(node, "", TopLevel)

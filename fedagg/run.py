@@ -31,7 +31,7 @@ from omegaconf.errors import InterpolationKeyError
 
 from fedagg.data.partition_report import drawn, partition_title, save_partition_report
 from fedagg.edge import CONF
-from fedagg.edge import run_log
+from fedagg.edge import run_log, start_up
 from fedagg.edge.channel_choice import channel_choice, uniform_mean_for_privacy
 from fedagg.edge.command_line import explain_composition_error, in_user_words  # noqa: F401  (an API)
 from fedagg.edge.start import exit_now, job_started, start
@@ -134,7 +134,8 @@ def prepare(cfg: DictConfig, run_dir: str | Path, choices: dict | None = None, o
         raise SetupError(str(err)) from None
     stack.callback(folder.release)
     try:
-        return _prepare_run(cfg, run_dir, choices or {}, overrides or [], concurrent_jobs, stack)
+        with start_up.preparing():  # a sweep's console says these lines once (fedagg/edge/start_up.py)
+            return _prepare_run(cfg, run_dir, choices or {}, overrides or [], concurrent_jobs, stack)
     except SetupError as err:  # a number in the message as the user typed it (1e300, not 1e+300)
         stack.close()
         if (words := in_user_words(str(err), overrides or [])) != str(err):

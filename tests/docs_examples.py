@@ -13,9 +13,11 @@ A page's fenced blocks are read in order with the HTML comments just above and b
     <!-- check: prints "TEXT" -->   (below a block: its output holds TEXT)
     <!-- check: exists PATH -->     (below: the file exists afterwards)
     <!-- check: json PATH KEY LOW HIGH -->  or  <!-- check: json PATH KEY VALUE -->
+    <!-- check: count "TEXT" N -->  (below: its output holds TEXT exactly N times, e.g. one line a run)
 
 A python or yaml block whose first line is `# some/path.ext` is written to that path first, as a reader would
-save it. Everything runs in a fresh folder with the repository's python, as on a fresh clone.
+save it. A path with a placeholder (`outputs/multirun/<date>/<time>`) is the newest folder that matches.
+Everything runs in a fresh folder with the repository's python, as on a fresh clone.
 """
 
 from __future__ import annotations
@@ -119,8 +121,18 @@ def environment(extra: dict | None = None) -> dict:
     return env
 
 
+def newest(line: str) -> str:
+    """A path with a placeholder the reader fills in from what an earlier command wrote (`outputs/multirun/<date>/
+    <time>`): the newest folder that matches, as `ls -t` lists it."""
+    def found(match: re.Match) -> str:
+        pattern = re.sub(r"<[^<>/\s]+>", "*", match.group(0))
+        return f'"$(ls -dt {pattern} | head -n 1)"'
+
+    return re.sub(r"[\w./-]*<[^<>/\s]+>[\w./<>-]*", found, line)
+
+
 def shell(block: Block) -> str:
-    lines = [with_tiny(line, block.above.get("tiny", "")) for line in commands(block.code)]
+    lines = [newest(with_tiny(line, block.above.get("tiny", ""))) for line in commands(block.code)]
     # `PYTHONPATH=. python ...`: the reader's folder on the path, beside the fedagg under test
     lines = [line.replace("PYTHONPATH=. ", 'PYTHONPATH=".:$PYTHONPATH" ') for line in lines]
     # `python scripts/x.py`, typed in a clone's root: the repository's script, from the fresh folder
@@ -136,6 +148,8 @@ def execute(block: Block, folder: Path, env: dict, timeout: float = 300) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(block.code)
         return ""
+    if "scripts/" in block.code and not (folder / "scripts").exists():
+        (folder / "scripts").symlink_to(ROOT / "scripts")  # the page's commands run from a clone's root
     if block.lang == "python":
         argv = [sys.executable, "-c", block.code]
     elif block.lang in ("bash", "sh", "shell"):
@@ -155,6 +169,12 @@ def verify(block: Block, folder: Path, output: str) -> None:
         if kind == "prints":
             text = rest.strip().strip('"')
             assert text in output, f"{block.name}: its output lacks {text!r}:\n{output[-3000:]}"
+        elif kind == "count":
+            text, times = rest.rsplit(" ", 1)
+            text = text.strip().strip('"')
+            found = output.count(text)
+            assert found == int(times), (f"{block.name}: {text!r} {found} times, the page says {times}:\n"
+                                         f"{output[-3000:]}")
         elif kind == "exists":
             assert (folder / rest.strip()).exists(), f"{block.name}: {rest.strip()} was not written"
         elif kind == "json":

@@ -103,7 +103,7 @@ def test_dp_takes_the_uniform_mean_unless_the_user_chose_a_weighting(tmp_path, c
         "channel=dp: aggregator.weighting=uniform, the mean its noise is scaled for (the aggregator's default, samples, "
         "is refused with dp)"]
     assert refused(tmp_path, "channel=dp", "aggregator.weighting=samples") == (
-        "aggregator.weighting=samples is not allowed with channel=dp: the noise is scaled for the uniform mean (SPEC); "
+        "aggregator.weighting=samples is not allowed with channel=dp: the noise is scaled for the uniform mean; "
         "set aggregator.weighting=uniform")
 
 

@@ -203,7 +203,7 @@ def test_what_a_run_adapts_before_its_checks_the_comparisons_check_adapts_too(tm
     _, methods, runs, _ = checked(tmp_path, "methods=[fedavg,fedadam]", "channel=dp", "budget=1")
     assert set(methods) == {"fedavg", "fedadam"} and "channel=dp" in runs
     assert refusal(tmp_path / "other", "methods=[fedavg]", "channel=dp", "aggregator.weighting=samples") == (
-        "aggregator.weighting=samples is not allowed with channel=dp: the noise is scaled for the uniform mean (SPEC); "
+        "aggregator.weighting=samples is not allowed with channel=dp: the noise is scaled for the uniform mean; "
         "set aggregator.weighting=uniform (in the runs of method fedavg)")
 
 

@@ -1,9 +1,9 @@
 """Every example of README.md and the documentation site does what its page says (see tests/docs_examples.py).
 
 Pages in `run` mode run their blocks in order in a fresh folder, at the small scale the `tiny` comment beside a
-block states, and check the claims written under it. Every other `python -m fedagg.run` line of every page is
-composed and checked as the run would before training (keys, types, ranges, the parts wired together): a line
-the docs show is never refused.
+block states, and check the claims written under it; a block a `check` page marks `run` runs alone, the same way.
+Every other `python -m fedagg.run` line of every page is composed and checked as the run would before training
+(keys, types, ranges, the parts wired together): a line the docs show is never refused.
 """
 
 from __future__ import annotations
@@ -26,12 +26,20 @@ def _runs(block: Block, mode: str) -> bool:
 
 
 def _run_pages() -> list:
+    """Pages in `run` mode: their blocks run in order, in one folder."""
     out = []
     for page in pages():
         text, found = page.read_text(), blocks(page)
-        if any(_runs(b, page_mode(text, page)) for b in found):
+        if page_mode(text, page) == "run" and any(_runs(b, "run") for b in found):
             out.append(pytest.param(page, id=found[0].page))
     return out
+
+
+def _run_blocks() -> list:
+    """The blocks marked `run` on `check` pages: each its own test (the page's files written first), so that the
+    suite's workers share them out; a block that reads an earlier command's folder holds that command too."""
+    return [pytest.param(p, b, id=b.name) for p in pages() if page_mode(p.read_text(), p) != "run"
+            for b in blocks(p) if _runs(b, "check") and not b.path]
 
 
 def _needs_data() -> list:
@@ -53,7 +61,7 @@ def test_slow_examples(page, block, tmp_path):
     for other in blocks(page):
         if other.path:
             execute(other, tmp_path, env)
-    verify(block, tmp_path, execute(block, tmp_path, env))
+    verify(block, tmp_path, execute(block, tmp_path, env, timeout=900))
 
 
 def _checked_pages() -> list:
@@ -75,6 +83,16 @@ def test_page_examples_run(page, tmp_path):
             verify(block, tmp_path, execute(block, tmp_path, env))
             ran += 1
     assert ran > 0
+
+
+@pytest.mark.parametrize("page,block", _run_blocks())
+def test_block_examples_run(page, block, tmp_path):
+    """A block a `check` page marks `run`, at the scale its `tiny` comment gives, with its claims checked."""
+    env = environment()
+    for other in blocks(page):
+        if other.path:
+            execute(other, tmp_path, env)
+    verify(block, tmp_path, execute(block, tmp_path, env))
 
 
 @pytest.mark.parametrize("block", _needs_data())

@@ -1,4 +1,4 @@
-"""Accuracy- and distance-weighted averaging (aggregation-comparison-abavg-accinverse-ida.txt).
+"""Accuracy- and distance-weighted averaging (Fu & Lai).
 
 ABAVG (eq. 2) favours clients whose trained model validates well, ACC_inverse (eq. 3,
 Salmeron et al.) favours the ones that validate badly, and IDA (eq. 4-5, Yeganeh et al.)

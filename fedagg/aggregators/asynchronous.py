@@ -2,7 +2,7 @@
 
 The server keeps C clients in flight on the simulated clock; each arrival's update is against the server version
 it started from (`inputs.start_params` [K, P]) and `inputs.staleness` [K] says how many server steps were taken
-since (SPEC "Asynchronous aggregation and the simulated clock"). A rule declares how many arrivals one server step
+since. A rule declares how many arrivals one server step
 takes (`buffer_size`: 1 for FedAsync, K for FedBuff); the driver hands it that many, in arrival order, and one
 `aggregate` call is one server version. Everything else is the synchronous contract: `AggregateResult` with the
 new parameters, a weight per arrival (weights.csv) and the step's diagnostics.

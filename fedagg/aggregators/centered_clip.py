@@ -1,10 +1,10 @@
-"""Centered clipping (Karimireddy, He, Jaggi 2021; SPEC "Robust aggregation").
+"""Centered clipping (Karimireddy, He, Jaggi 2021).
 
 Starting from a centre v (the global model, i.e. a zero update, or with `start: momentum`
 the last round's aggregate update), each of L iterations moves v by the mean of the
 clients' offsets from it, each offset clipped to norm τ:
 v ← v + (1/K) Σ_k (Δ_k − v) min(1, τ / ‖Δ_k − v‖). One far-away client can move v by at
-most τ/K. Reported weights are uniform (SPEC).
+most τ/K. Reported weights are uniform (fedagg's choice).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""Elastic aggregation (Chen et al., CVPR 2023; SPEC "Partial and elastic aggregation"; no authors' code found).
+"""Elastic aggregation (Chen et al., CVPR 2023; no authors' code found).
 
 Each client keeps a per-parameter sensitivity during local training, Ω_k ← μ Ω_k + (1 − μ) |∂‖f(x)‖²₂/∂θ| at
 every local step (no labels; kept per client id across rounds, zero before its first step; measured by
 local training as this method's declared need, fedagg/clients/sensitivity.py). The server takes
 Ω = Σ_k p_k Ω_k, ζ = 1 + τ − Ω / max(Ω) (element-wise, the max over all parameters) and moves
 w ← w + ζ ⊙ Σ_k p_k Δ_k: parameters the clients' outputs are sensitive to move less (ζ down to τ), the
-others up to 1 + τ times FedAvg's step. SPEC writes the step θ ← θ − ζ ⊙ Σ p_k Δ_k with the paper's Δ_k,
+others up to 1 + τ times FedAvg's step. fedagg's design writes the step θ ← θ − ζ ⊙ Σ p_k Δ_k with the paper's Δ_k,
 the client's change from θ to its model counted the other way (θ − θ_k, as FL-bench's `diff`); with
-SPEC's own Δ_k = W_k − w that is the step above.
+fedagg's own Δ_k = W_k − w that is the step above.
 
 `variant: fl_bench` is a benchmark's reading (KarhouTam/FL-bench@06e658b src/client/elastic.py:11-60,
 src/server/elastic.py:11-51), not the paper's: the sensitivity of the supervised loss, one scalar

@@ -1,10 +1,10 @@
-"""EWWA-FL (ewwa-fl.txt, Algorithm 2): element-wise aggregation weights from Adam-like moments.
+"""EWWA-FL (Hu et al. 2023, Algorithm 2): element-wise aggregation weights from Adam-like moments.
 
 Every client gets its own weight for every parameter. Each client's pseudo-gradient
 g_k = w - W_k passes through an Adam/Adagrad/Yogi moment update on the server; the
 resulting step b_k (how far the optimizer would move that element) is turned into
 per-element weights over clients, and the new global is the weighted mix of clients.
-Two readings of the moments (SPEC "EWWA-FL"): the authors' code (`shared_sequential`,
+Two readings of the moments: the authors' code (`shared_sequential`,
 default) runs the clients one after another through one shared m, v; the paper's
 Algorithm 2 (`per_client`) starts every client from last round's m, v and averages.
 Buffers (BatchNorm statistics) are averaged with D (`buffers: samples`), or, as the
@@ -83,7 +83,7 @@ class EWWA(Aggregator):
         self.step = 0  # rounds this aggregator has aggregated: r of s_r
 
     def _second_moment(self, v: Tensor, g: Tensor) -> Tensor:
-        """v after one gradient g (eqs. 2-4; Yogi in the additive form of SPEC and the authors' code)."""
+        """v after one gradient g (eqs. 2-4; Yogi in the additive form of fedagg's design and the authors' code)."""
         if self.optimizer == "adam":
             return self.beta2 * v + (1 - self.beta2) * g * g  # eq. (2)
         if self.optimizer == "adagrad":
@@ -166,7 +166,7 @@ class EWWA(Aggregator):
             sample.add(p, at)
         self.m, self.v = m_new, v_new
         weights = torch.empty_like(p_sums).index_copy_(0, order, p_sums / num_params)
-        # BatchNorm statistics: averaged with D = n_k / n (SPEC's default), or [K, B] element-wise weights
+        # BatchNorm statistics: averaged with D = n_k / n (fedagg's default), or [K, B] element-wise weights
         if self.buffers == "elementwise":
             buffer_weights = torch.empty_like(buffer_weights).index_copy_(0, order, buffer_weights)
         else:

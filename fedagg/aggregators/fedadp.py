@@ -1,4 +1,4 @@
-"""FedAdp (Wu & Wang, fedadp.txt): weight clients by how well their update aligns with the mean.
+"""FedAdp (Wu & Wang, IEEE TCCN 2021): weight clients by how well their update aligns with the mean.
 
 The angle between each client's update and the data-weighted mean update is smoothed per
 client id over rounds (eq. 8), mapped through a Gompertz curve (eq. 9) and turned into
@@ -36,7 +36,7 @@ class FedAdp(Aggregator):
         delta = inputs.updates
         g = sample_weights(num_samples).to(W.dtype) @ delta  # Alg. 1 line 9 (sign does not change the angle)
         denom = torch.linalg.vector_norm(delta, dim=1) * torch.linalg.vector_norm(g)
-        # eq. 7; a zero norm has no direction, SPEC sets its angle to 0
+        # eq. 7; a zero norm has no direction, fedagg's design sets its angle to 0
         cos = torch.where(denom > 0, (delta @ g) / torch.where(denom > 0, denom, 1.0), 1.0)
         theta = torch.arccos(cos.clamp(-1.0, 1.0))
 

@@ -107,6 +107,6 @@ class FedCAMS(FedAMS):
             self.feedback.memory.load_state_dict(state["errors"])
 
     def bits(self, num_params: int) -> Bits:
-        """Down: the dense global model. Up, as SPEC's upload channel counts it: sign sends one bit per entry
+        """Down: the dense global model. Up, as fedagg's upload channel counts it: sign sends one bit per entry
         and the 32-bit scale; top-k sends each kept entry's 32-bit value and its index (ceil(log2 P) bits)."""
         return Bits(down=dense(num_params), up=self.stage.bits_up(num_params))

@@ -7,7 +7,7 @@ with s a staleness function (fedagg.aggregators.asynchronous): the authors' code
 train_cifar10_mxnet_fedasync_singlethread_impl.py:281-284). The mix is of the models themselves, against the
 current w, not of the update against the client's start.
 
-Defaults: alpha = 0.6, polynomial a = 0.5, hinge a = 10, b = 4 are read from secondary sources (SPEC), not from
+Defaults: alpha = 0.6, polynomial a = 0.5, hinge a = 10, b = 4 are read from secondary sources, not from
 the paper or the authors' code; the authors' one script (experiment_script_1.sh) runs alpha = 0.8 with the
 constant function (it passes no --alpha-type) and halves alpha at epoch 800 of 2000 (`--alpha-decay 0.5
 --alpha-decay-epoch 800`), which is not done here. Their code simulates staleness by drawing the start model

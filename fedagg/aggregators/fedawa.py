@@ -1,4 +1,4 @@
-"""FedAWA and FedAWA-L (Shi et al., fedawa.txt; SPEC "FedAWA"): aggregation weights learned on the server.
+"""FedAWA and FedAWA-L (Shi et al., CVPR 2025): aggregation weights learned on the server.
 
 Every client id owns logits T that persist across rounds (one for FedAWA, one per parameter
 tensor for FedAWA-L). Each round, over the participants S: λ = softmax(T_S); the loss of
@@ -60,7 +60,7 @@ class FedAWA(Aggregator):
 
     def participant_logits(self, ids: list[int], all_num_samples: Tensor, num_layers: int, device) -> Tensor:
         """[K, L] logits of this round's participants; a client seen for the first time starts at n_k / Σ n
-        over ALL clients (SPEC), by global id."""
+        over ALL clients (fedagg's choice), by global id."""
         n = all_num_samples.to(device=device, dtype=torch.float32)
         frac = n[torch.tensor(ids, device=device)] / n.sum()
         for k, cid in enumerate(ids):

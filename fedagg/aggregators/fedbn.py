@@ -1,4 +1,4 @@
-"""FedBN (Li et al., ICLR 2021; med-air/FedBN@2fa38ad; SPEC "Partial and elastic aggregation"): normalisation
+"""FedBN (Li et al., ICLR 2021; med-air/FedBN@2fa38ad): normalisation
 layers stay with each client, one method with two halves (`aggregator=fedbn`).
 
 What stays local is chosen by layer type: the weights, biases and running statistics of every

@@ -1,4 +1,4 @@
-"""FedDisco (Ye et al. 2023, ICML; SPEC "Baselines"): discrepancy-aware aggregation weights.
+"""FedDisco (Ye et al. 2023, ICML): discrepancy-aware aggregation weights.
 
 A client whose label distribution is far from the global one gets less weight than its
 data size alone would give: p_k ∝ ReLU(D_k − a d_k + b), where d_k is the L2 distance
@@ -21,11 +21,11 @@ from fedagg.config.constraints import Range, checked
 class FedDisco(Aggregator):
     """`conf/aggregator/feddisco.yaml`: p_k ∝ ReLU(D_k − a d_k + b); new global Σ p_k W_k.
 
-    `reference: global` (SPEC) measures d_k against the label distribution of all clients'
+    `reference: global` (fedagg's choice) measures d_k against the label distribution of all clients'
     training data; `uniform` against the uniform distribution over classes, which is what
     the authors' released code uses (their test sets are balanced).
 
-    `discrepancy: l2` (SPEC) is the L2 distance; `kl` is the authors' code's KL variant:
+    `discrepancy: l2` (fedagg's choice) is the L2 distance; `kl` is the authors' code's KL variant:
     KL(local ‖ reference) divided by its sum over the round's participants, so the d_k sum
     to 1 and a = 0.5, b = 0.1 keep more clients above zero under strong label skew.
     """

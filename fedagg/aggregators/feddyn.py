@@ -1,4 +1,4 @@
-"""FedDyn (Acar et al. 2021, ICLR, Algorithm 1; SPEC "Baselines"): one method, two halves.
+"""FedDyn (Acar et al. 2021, ICLR, Algorithm 1): one method, two halves.
 
 The client half adds a dynamic regulariser to the local loss, -<g_k, θ> + α/2 ‖θ − w‖²,
 and keeps per client id the gradient state g_k. The server keeps h, a running sum of the

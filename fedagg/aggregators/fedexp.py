@@ -1,4 +1,4 @@
-"""FedExP (Jhunjhunwala, Wang, Joshi, ICLR 2023; SPEC "Drift correction"): an extrapolated server step.
+"""FedExP (Jhunjhunwala, Wang, Joshi, ICLR 2023): an extrapolated server step.
 
 The clients' mean update Δ̄ = (1/K) Σ_k Δ_k is applied with the step
 η_g = max(1, Σ_k ‖Δ_k‖² / (2K (‖Δ̄‖² + ε))), which grows when the clients' updates
@@ -8,9 +8,9 @@ there is no earlier global model to average with, and the model after the round 
 as the authors' code does.
 
 Three readings of the authors' code (Divyansh03/FedExP, main.py) are options whose defaults
-keep SPEC's rule: ε shrinks by `eps_decay` every round (the code: 0.998² per round, applied
+keep fedagg's rule: ε shrinks by `eps_decay` every round (the code: 0.998² per round, applied
 before its first round too), the denominator is ‖Δ̄‖² + K ε (`eps_per_client`; the code
-adds S ε, S its clients per round, to the same mean-based ratio, so SPEC's ε is K times the
+adds S ε, S its clients per round, to the same mean-based ratio, so fedagg's ε is K times the
 code's), and Δ_k and ‖Δ_k‖² are weighted by data share (`weighting: samples`).
 """
 
@@ -40,7 +40,7 @@ class FedExP(Aggregator):
                                                                    "authors' code: 0.996004 = 0.998²)")] = 1.0,
                  eps_per_client: Annotated[bool, Flag()] = False,
                  weighting: Weighting = "uniform") -> None:
-        super().__init__(weighting)  # Δ̄ is the plain mean (SPEC); samples: Σ_k p_k Δ_k (the authors' code)
+        super().__init__(weighting)  # Δ̄ is the plain mean (fedagg's choice); samples: Σ_k p_k Δ_k (the authors' code)
         self.eps, self.evaluate = float(eps), evaluate
         self.eps_decay, self.eps_per_client = float(eps_decay), eps_per_client
         self.previous: Tensor | None = None  # this round's starting model, for the tested mean
@@ -51,7 +51,7 @@ class FedExP(Aggregator):
         eps = self.eps * self.eps_decay**inputs.round  # round r uses ε d^r: the code decays before each round
         if self.eps_per_client:
             eps = k * eps  # the code's ‖Δ̄‖² + S ε
-        if self.weighting == "uniform":  # Σ_k ‖Δ_k‖² / (2K (‖Δ̄‖² + ε)), as SPEC writes it
+        if self.weighting == "uniform":  # Σ_k ‖Δ_k‖² / (2K (‖Δ̄‖² + ε)), as fedagg's design writes it
             lr = torch.clamp(norms2.sum() / (2 * k * (update.pow(2).sum() + eps)), min=1.0)
         else:  # Σ_k p_k ‖Δ_k‖² / (2 (‖Δ̄‖² + ε)), p the data shares the mean update used
             lr = torch.clamp((self.client_weights(inputs).to(update.dtype) * norms2).sum() / (2 * (update.pow(2).sum() + eps)), min=1.0)

@@ -1,13 +1,13 @@
 """FedLAW (Li et al. 2023, ICML, "Revisiting weighted aggregation in FL with neural networks").
 
 The server learns, on a small proxy set of its own, a global shrink factor γ and client
-weights λ = softmax(x) so that the model γ Σ_k λ_k W_k has the lowest cross-entropy there
-(SPEC "Baselines"). Only γ and x are trained: the client models are constants, and the
+weights λ = softmax(x) so that the model γ Σ_k λ_k W_k has the lowest cross-entropy there.
+Only γ and x are trained: the client models are constants, and the
 network is evaluated at the merged vector through `torch.func.functional_call`, so the
 module's own parameters and buffers are never touched.
 
 Choices taken from the authors' released code (ICML-2023-FedLAW, server_funct.py, the
-default `server_funct=exp`, `whether_swa=none`), since SPEC leaves them open:
+default `server_funct=exp`, `whether_swa=none`), since fedagg's design leaves them open:
 - γ = exp(g) keeps the factor positive; g starts at 0 (γ = 1) and x at log D_k
   (λ = the FedAvg weights; `init_weights: uniform` starts at x = 0), fresh every round, so
   there is no server state.

@@ -1,4 +1,4 @@
-"""FedNNNN (Nagura et al., fednnnn.txt) and its two ablations, Norm-Norm and Momentum.
+"""FedNNNN (Nagura et al. 2020) and its two ablations, Norm-Norm and Momentum.
 
 Averaging updates that point different ways shrinks them (N = ||sum p Delta|| <= E =
 sum p ||Delta||, eq. 6), so FedNNNN stretches the mean update back to beta * E (eq. 8) and
@@ -17,7 +17,7 @@ from fedagg.aggregators.base import AggregateResult, Aggregator, Weighting
 from fedagg.aggregators.inputs import RoundInputs
 from fedagg.config.constraints import Range, checked
 
-TINY_NORM = 1e-12  # below this N the mean update has no direction to stretch (SPEC)
+TINY_NORM = 1e-12  # below this N the mean update has no direction to stretch (fedagg's choice)
 # The paper evaluates the plain average (section 4.1, step 5) and sends clients the stretched
 # model (step 6), whose own accuracy it calls "extremely poor": `evaluate: global` scores that one.
 Evaluate = Literal["average", "global"]
@@ -31,7 +31,7 @@ class FedNNNN(Aggregator):
     @checked("aggregator.")
     def __init__(self, beta: Beta = 0.7, gamma: Gamma = 0.8, weighting: Weighting = "uniform",
                  evaluate: Evaluate = "average") -> None:
-        # uniform by default: the paper's server is not told client sizes (SPEC)
+        # uniform by default: the paper's server is not told client sizes (fedagg's choice)
         super().__init__(weighting)
         self.evaluate = evaluate
         self.beta, self.gamma = float(beta), float(gamma)

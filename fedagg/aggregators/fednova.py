@@ -1,4 +1,4 @@
-"""FedNova (Wang et al. 2020, "Tackling the objective inconsistency problem"; SPEC "Drift correction").
+"""FedNova (Wang et al. 2020, "Tackling the objective inconsistency problem").
 
 Clients that take more local steps move further, and plain averaging lets them pull the
 global model toward their own objective. FedNova divides each client's update by a_k,
@@ -10,8 +10,8 @@ a_k = [1 − (1 − η μ)^τ_k]/(η μ). Weight decay is part of the local obje
 alone (as in the authors' code). Equal τ_k with plain SGD is FedAvg exactly.
 
 Two readings of the authors' code (JYWa/FedNova, distoptim/FedNova.py) are options whose
-defaults keep SPEC's rule: with a proximal term the code takes τ_eff = Σ_k p_k τ_k, the
-plain step counts (`tau_eff: steps`; SPEC: Σ_k p_k a_k), and it offers server momentum
+defaults keep fedagg's rule: with a proximal term the code takes τ_eff = Σ_k p_k τ_k, the
+plain step counts (`tau_eff: steps`; fedagg's design: Σ_k p_k a_k), and it offers server momentum
 `gmf`: v ← gmf v + U/η_l, w ← w + η_l v, with U = Σ_k q_k Δ_k the normalised update and
 η_l the clients' learning rate that round (v starts at 0, so gmf = 0 is the plain step).
 """
@@ -51,11 +51,11 @@ class FedNova(Aggregator):
     @checked("aggregator.")
     def __init__(self,
                  tau_eff: Annotated[str, OneOf(TAU_EFF, words=f"choose one of {', '.join(TAU_EFF)} (a: Σ p_k a_k, "
-                                                          "SPEC; steps: Σ p_k τ_k with a proximal term, the authors' code)")] = "a",
+                                                          "fedagg's default; steps: Σ p_k τ_k with a proximal term, the authors' code)")] = "a",
                  gmf: Annotated[float, Range(ge=0, lt=1, words="use a number in [0, 1) (0: no server momentum)"),
                                 Tune(0.0, 0.9, source="Wang et al. 2020 run gmf 0 and 0.9; the range between")] = 0.0,
                  ) -> None:
-        super().__init__("samples")  # p = D (SPEC)
+        super().__init__("samples")  # p = D (fedagg's choice)
         self.tau_eff, self.gmf = tau_eff, float(gmf)
         self.velocity: Tensor | None = None  # server momentum v [P], in the units of a gradient (U / η_l)
 
@@ -77,7 +77,7 @@ class FedNova(Aggregator):
     def aggregate(self, inputs: RoundInputs) -> AggregateResult:
         steps, lr, solver = inputs.need("local_steps"), inputs.need("local_lr"), inputs.need("local_solver")
         a = normaliser(steps, lr, solver)
-        # what τ_eff averages: a_k (SPEC), or the step counts when the code's proximal reading is asked for
+        # what τ_eff averages: a_k (fedagg's choice), or the step counts when the code's proximal reading is asked for
         t = steps.double() if self.tau_eff == "steps" and solver.proximal_mu > 0 else a
         p = sample_weights(inputs.num_samples).to(a)
         # τ_eff / a_k = Σ_j p_j (t_j / a_k) / Σ_j p_j: written so that equal a_k give a ratio of exactly 1

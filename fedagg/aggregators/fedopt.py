@@ -8,11 +8,11 @@ stay the plain client weights p.
 FedOpt (Reddi et al. 2021, Algorithm 2): m <- b1 m + (1-b1) g; v by the Adam, Yogi or
 Adagrad rule; w <- w + lr m / (sqrt(v) + tau). Paper form: no bias correction, m starts
 at 0 and v at tau^2 (Alg. 2 line 1: v_{-1} >= tau^2). `bias_correction: true` is the
-Adam-style form of the FedCAMS code (SPEC "FedOpt"): m / (1 - b1^r), v / (1 - b2^r) with
+Adam-style form of the FedCAMS code: m / (1 - b1^r), v / (1 - b2^r) with
 r the number of server steps taken, and v starting at 0 like that code's exp_avg_sq.
 
 The authors' own code (google-research/federated, Keras server optimizers; facts G, B of
-../shared/papers/fedopt-fedprox-settings.md) differs from Algorithm 2 in three ways, each an
+the sources listed in conf/experiment/fedopt_table2.yaml) differs from Algorithm 2 in three ways, each an
 option here so the paper's form stays the default:
 - `correction: rate` puts the bias correction into the rate, lr sqrt(1 - b2^r) / (1 - b1^r),
   with tau beside the uncorrected sqrt(v) (Keras Adam, the repository's Yogi); `moments`
@@ -70,7 +70,7 @@ class FedAvgM(Aggregator):
 
     def server_update(self, inputs: RoundInputs, update: Tensor) -> Tensor:
         b = torch.zeros_like(update) if self.b is None else self.b
-        self.b = self.momentum * b + update  # velocity, no (1 - momentum) damping (Hsu 2019, SPEC)
+        self.b = self.momentum * b + update  # velocity, no (1 - momentum) damping (Hsu 2019)
         return inputs.global_params + self.lr * self.b
 
     def state_dict(self) -> dict:

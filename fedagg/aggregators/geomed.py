@@ -1,11 +1,11 @@
-"""Geometric median by smoothed Weiszfeld (RFA, Pillutla, Kakade, Harchaoui 2022; SPEC "Robust aggregation").
+"""Geometric median by smoothed Weiszfeld (RFA, Pillutla, Kakade, Harchaoui 2022).
 
 The new global model minimises Σ_k α_k ‖v − W_k‖ (α_k = D_k): each Weiszfeld step
 re-weights the clients by α_k / max(ν, ‖v − W_k‖), so a far-away model counts little. It
 starts at the weighted mean and stops after `max_iter` steps or when the objective changes
 by less than `tol` of itself (the stopping rule of the RFA authors' code). Computed on the
 updates Δ_k = W_k − w (the same median, shifted by w, with smaller numbers). Reported
-weights are uniform (SPEC).
+weights are uniform (fedagg's choice).
 """
 
 from __future__ import annotations

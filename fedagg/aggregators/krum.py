@@ -1,4 +1,4 @@
-"""Krum and Multi-Krum (Blanchard et al. 2017; SPEC "Robust aggregation").
+"""Krum and Multi-Krum (Blanchard et al. 2017).
 
 With f clients assumed corrupted, a client's score is the sum of squared distances from its
 model to its K − f − 2 nearest other models: honest models sit close to many others.

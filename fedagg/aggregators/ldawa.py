@@ -1,4 +1,4 @@
-"""L-DAWA (Rehman et al. 2023, ICCV; SPEC "Baselines"): layer-wise divergence-aware weights.
+"""L-DAWA (Rehman et al. 2023, ICCV): layer-wise divergence-aware weights.
 
 Every parameter tensor ("layer", `layout.slices`) is aggregated with its own weights: a
 client whose layer points the same way as the global layer counts more,

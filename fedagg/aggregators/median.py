@@ -1,4 +1,4 @@
-"""Coordinate-wise median (Yin et al. 2018; SPEC "Robust aggregation").
+"""Coordinate-wise median (Yin et al. 2018).
 
 Each coordinate of the new global model is the median of the clients' values there (the
 mean of the two middle values for an even count). A client's reported weight is the share

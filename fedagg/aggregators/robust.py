@@ -1,4 +1,4 @@
-"""What the robust rules share (SPEC "Robust aggregation"): bucketing, and weights for weights.csv.
+"""What the robust rules share: bucketing, and weights for weights.csv.
 
 A robust rule `combine`s B client models [B, P] (with their sample counts), listed by
 ascending client id, into the new global model and says how much each of them counted.

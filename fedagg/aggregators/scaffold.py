@@ -1,4 +1,4 @@
-"""SCAFFOLD (Karimireddy et al. 2020, Algorithm 1, control variates option II; SPEC "Drift correction").
+"""SCAFFOLD (Karimireddy et al. 2020, Algorithm 1, control variates option II).
 
 Client drift is corrected with control variates: the server keeps c [P], each client id
 its own c_k [P] (both zero at the start). A participating client takes its local steps on

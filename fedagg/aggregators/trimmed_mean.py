@@ -1,4 +1,4 @@
-"""Coordinate-wise trimmed mean (Yin et al. 2018; SPEC "Robust aggregation").
+"""Coordinate-wise trimmed mean (Yin et al. 2018).
 
 Per coordinate, the b = ⌊β K⌋ largest and the b smallest values are dropped and the rest
 averaged. β < 1/2 always keeps at least one value. A client's reported weight is the share

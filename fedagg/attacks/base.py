@@ -1,4 +1,4 @@
-"""`attack=none`, and what every attack shares (SPEC "Corrupted clients").
+"""`attack=none`, and what every attack shares.
 
 A fixed set of ⌊fraction · N⌋ client ids, drawn once from the stream (seed, "attack") and
 listed in summary.json, is corrupted whenever sampled. A data attack changes those

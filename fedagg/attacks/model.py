@@ -1,4 +1,4 @@
-"""Model attacks: what the corrupted clients send instead of their trained model (SPEC "Corrupted clients").
+"""Model attacks: what the corrupted clients send instead of their trained model.
 
 `sign_flip` sends w − s Δ_k; `gaussian` a model drawn from N(0, σ²); `alie` (Baruch et al.
 2019, "A little is enough") sends w + μ − z σ, with μ and σ the per-coordinate mean and

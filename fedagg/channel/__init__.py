@@ -1,4 +1,4 @@
-"""The upload channel: what a participating client sends, on its way to the aggregator (SPEC "Upload channel").
+"""The upload channel: what a participating client sends, on its way to the aggregator.
 
 A chain of stages run in list order, for every engine and every aggregator: compressors (with error
 feedback as a wrapper), the corrupted clients' model attack at its position, clipping and noise. Each

@@ -1,4 +1,4 @@
-"""Compressors C(u) on each client's row u [P] (SPEC "Upload channel").
+"""Compressors C(u) on each client's row u [P].
 
 Each is a stage of the chain on the updates; `error_feedback: true` in its options has the chain
 wrap it in `ErrorFeedback` (fedagg.channel.feedback: a client sends C(e_k + Δ_k) and keeps

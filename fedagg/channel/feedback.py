@@ -1,4 +1,4 @@
-"""Error feedback as a wrapper of any compressor (Karimireddy et al. 2019; SPEC "Upload channel").
+"""Error feedback as a wrapper of any compressor (Karimireddy et al. 2019).
 
 `ErrorFeedback(TopK(...))`: client k sends C(u) with u = e_k + Δ_k and keeps e_k ← u − C(u) by
 its id (`ErrorMemory`, a `ClientStore` the run attaches to its folder). e_k starts at zero. The

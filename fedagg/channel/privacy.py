@@ -10,7 +10,7 @@ first, then the count's noise.
 
 ε after each round comes from the RDP accountant of Google's `dp-accounting` (the optional
 extra `fedagg[dp]`), each round its own Poisson-subsampled Gaussian (`fedagg.channel.accounting`)
-at rate q = K over the clients that can be sampled (SPEC), or, where a system takes clients offline,
+at rate q = K over the clients that can be sampled (fedagg's choice), or, where a system takes clients offline,
 K over those online that round. With adaptive clipping the count's noise is a second Gaussian query
 each round: the two compose to one with noise multiplier (z⁻² + σ_b⁻²)^(-1/2) (Andrew et al. 2021,
 section 3), and σ_b = K/20 by default makes it depend on the round's K.
@@ -96,7 +96,7 @@ class DP(Stage):
                              "does not do; use sampler=uniform")
         if rule.weighting != "uniform":  # every weighted-mean rule takes FedAvg's weighting
             raise ValueError(f"aggregator.weighting={rule.weighting} is not allowed with channel=dp: the noise "
-                             "is scaled for the uniform mean (SPEC); set aggregator.weighting=uniform")
+                             "is scaled for the uniform mean; set aggregator.weighting=uniform")
         try:
             import dp_accounting  # noqa: F401
         except ImportError:

@@ -1,8 +1,8 @@
-"""FedDecorr (Shi et al., ICLR 2023; bytedance/FedDecorr@973e4af; SPEC "Client methods on representations
-and logits"): decorrelating the representation's dimensions, `client/objective=feddecorr`.
+"""FedDecorr (Shi et al., ICLR 2023; bytedance/FedDecorr@973e4af): decorrelating the representation's
+dimensions, `client/objective=feddecorr`.
 
 ẑ = h standardised per dimension over the batch (mean 0, unbiased variance, ε = 1e-8 inside the square
-root), G = ẑᵀẑ; ℓ = CE + β · L_dec. `scale: batch` (the authors' code, SPEC's choice): L_dec = mean of the
+root), G = ẑᵀẑ; ℓ = CE + β · L_dec. `scale: batch` (the authors' code, fedagg's choice): L_dec = mean of the
 off-diagonal entries of G², divided by the batch size N; `scale: paper` (the paper's (1/d²)‖K‖²_F, about N
 times smaller): L_dec = ‖G/N‖²_F / d². A batch of one sample adds 0.
 """

@@ -1,4 +1,4 @@
-"""FedLC (Zhang et al., ICML 2022; SPEC "Client methods on representations and logits"): logit calibration,
+"""FedLC (Zhang et al., ICML 2022): logit calibration,
 `client/objective=fedlc`.
 
 ℓ = CE(f(x) − τ · n_k^{−1/4}, y), with n_k the client's own training samples per class (a vector subtracted

@@ -1,5 +1,4 @@
-"""FedNTD (Lee et al., NeurIPS 2022; Lee-Gihun/FedNTD@be00ee5; SPEC "Client methods on representations and
-logits"): not-true distillation, `client/objective=fedntd`.
+"""FedNTD (Lee et al., NeurIPS 2022; Lee-Gihun/FedNTD@be00ee5): not-true distillation, `client/objective=fedntd`.
 
 Each sample's true-class logit is removed from the local and the round's global model's logits (frozen);
 q̃ = softmax of the remaining C − 1 at temperature τ; ℓ = CE(f(x), y) + β · τ² · KL(q̃_global ‖ q̃_local),

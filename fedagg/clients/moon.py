@@ -1,4 +1,4 @@
-"""MOON (Li, He, Song, CVPR 2021; SPEC "Client methods on representations and logits"): model-contrastive
+"""MOON (Li, He, Song, CVPR 2021): model-contrastive
 local training, `client/objective=moon`.
 
 ℓ = CE(f(x), y) + μ · mean_batch ℓ_con with, for each sample, z the local model's representation, z_g the

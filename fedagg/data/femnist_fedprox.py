@@ -16,7 +16,7 @@ writer's images, train and test, pooled. Deviations, each on purpose:
 - their loop resets a class's read position to 0 whenever enough images remain
   (`if idx + n < len: idx = 0`, an inverted test), so nearly every device starts from the
   same first images and devices share pictures; here each device takes the next unused
-  images, so devices are disjoint (SPEC: partitions are disjoint), and a class that runs out
+  images, so devices are disjoint (fedagg's design: partitions are disjoint), and a class that runs out
   is an error rather than a silent reuse.
 """
 

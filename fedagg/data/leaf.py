@@ -13,11 +13,11 @@ writer's (role's) samples before any split: `{"users": [...], "user_data": {user
 "y": [...]}}}`. fedagg reads those files from `data.root/<name>/all_data/` and makes the split
 LEAF's `--tf` would, itself (per client, from a fixed stream, so every run sees the same test
 samples): FEMNIST 90/10 at random per writer, Shakespeare 80/20 in time order per role. Why this
-source first: it is the one SPEC's client counts refer to (3,597 writers, 1,129 roles), its format
+source first: it is the one fedagg's client counts refer to (3,597 writers, 1,129 roles), its format
 needs no library beyond the standard one, and it stays reproducible from public raw data. Its
 preprocessing needs network, the NIST download (about 1 GB) and LEAF's scripts, which fedagg does not
 reimplement and LEAF publishes no processed copy: so the download is TFF's (3,400 writers, 715 roles,
-each client's train/test split TFF's own; SPEC allows TFF's EMNIST-62 where that file is what is
+each client's train/test split TFF's own; fedagg's design allows TFF's EMNIST-62 where that file is what is
 provided). The decoded tensors are cached (keyed by the JSON files' names, sizes and times), as the JPEG
 datasets are, because parsing FEMNIST's JSON takes minutes.
 """

@@ -277,15 +277,15 @@ CLASS_CHOICES = ("random", "balanced")
 
 def _random_classes(num_classes: int, num_clients: int, cpc: int, generator) -> Tensor:
     """Each client's classes: `cpc` distinct ones uniformly at random, independently of the other
-    clients, so two clients can share classes and a class can go unused (fedadp.txt, Sec. II-B)."""
+    clients, so two clients can share classes and a class can go unused (FedAdp's paper (Wu & Wang 2021), Sec. II-B)."""
     return torch.rand(num_clients, num_classes, generator=generator).argsort(dim=1)[:, :cpc]
 
 
 def mixed(labels: Tensor, num_clients: int, *, generator: torch.Generator, num_iid: int = 5,
           classes_per_client: int = 1, samples_per_client: int = 600, class_choice: str = "random") -> list[Tensor]:
     """FedAdp's setup: the first `num_iid` clients IID, the rest `classes_per_client`-class,
-    `samples_per_client` each (600 in fedadp.txt, on 10 nodes). `class_choice`: `random`
-    (fedadp.txt: each class "is selected at random and can be overlapped") or `balanced`
+    `samples_per_client` each (600 in FedAdp's paper (Wu & Wang 2021), on 10 nodes). `class_choice`: `random`
+    (FedAdp's paper (Wu & Wang 2021): each class "is selected at random and can be overlapped") or `balanced`
     (class loads differ by at most one)."""
     if class_choice not in CLASS_CHOICES:
         raise ValueError(f"partition.class_choice={class_choice!r} is not allowed; choose one of {', '.join(CLASS_CHOICES)}")

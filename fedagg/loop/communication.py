@@ -7,7 +7,7 @@ buffers. A straggler sends its model after fewer steps, so it counts in full; a 
 that drops out (`system=dropout`) was sent the model but sends nothing back. What a method
 sends per client it declares in `Aggregator.bits`; buffers are always dense 32-bit. A
 channel that compresses (`channel=topk`, ...) replaces the model's part of the up count with
-what its last compressor sends (SPEC "Upload channel"); what the method sends beside the model
+what its last compressor sends; what the method sends beside the model
 (SCAFFOLD's Δc) is counted as the method declares it.
 
 With low-rank adapters (`adapter=lora`) a client holds only its own rank's factors, not the flat vector

@@ -1,4 +1,4 @@
-"""Synchronous rounds on the simulated clock (`clock` group; SPEC "Asynchronous aggregation and the simulated clock").
+"""Synchronous rounds on the simulated clock (`clock` group).
 
 A round's reporting clients each arrive `Clock.duration(k, their step budget, the bits they send up, round)`
 seconds after the round starts. The round ends when the last of them arrives or, with `clock.deadline`, at the

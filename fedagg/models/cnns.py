@@ -53,7 +53,7 @@ class _ConvNet(Backbone):
 
 
 class LeNet(_ConvNet):
-    """ewwa-fl.txt Sec. IV (SPEC "Backbones"): three stride-2/2/1 convs with sigmoids, 768 -> C.
+    """EWWA-FL's paper (Hu et al. 2023) Sec. IV: three stride-2/2/1 convs with sigmoids, 768 -> C.
 
     The input is fixed at 3x32x32 whatever the dataset; MNIST is resized and repeated to
     three channels by the data pipeline."""
@@ -70,7 +70,7 @@ class LeNet(_ConvNet):
 
 
 class CNN(_ConvNet):
-    """fedawa.txt App. A.6 "CNN": 3x3 convs 32, 64, 64 (no padding), max-pool after the first two."""
+    """FedAWA's paper (Shi et al. 2025) App. A.6 "CNN": 3x3 convs 32, 64, 64 (no padding), max-pool after the first two."""
 
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int):
         super().__init__()
@@ -86,7 +86,7 @@ class CNN(_ConvNet):
 
 
 class CNNMnist(_ConvNet):
-    """fedadp.txt footnote 4 (McMahan et al.'s 2NN-CNN): 5x5 convs 32, 64, fc 512.
+    """FedAdp's paper (Wu & Wang 2021) footnote 4 (McMahan et al.'s 2NN-CNN): 5x5 convs 32, 64, fc 512.
 
     Padding 2 ("same") is what gives the paper's 1,663,370 parameters on 28x28 (7*7*64 =
     3136 inputs to the fc); the footnote's "1024x512" would be the unpadded variant."""
@@ -104,7 +104,7 @@ class CNNMnist(_ConvNet):
 
 
 class CNNFedNNNNMnist(_ConvNet):
-    """fednnnn.txt Table 3: 5x5 convs 20, 50 (no padding), each ReLU + max-pool; fc 500."""
+    """FedNNNN's paper (Nagura et al. 2020) Table 3: 5x5 convs 20, 50 (no padding), each ReLU + max-pool; fc 500."""
 
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int):
         super().__init__()
@@ -122,7 +122,7 @@ def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
 
 
 class CNNFedNNNNCifar(_ConvNet):
-    """fednnnn.txt Table 4: three VGG-style stages of two 3x3 conv+BN+ReLU (32, 64, 128),
+    """FedNNNN's paper (Nagura et al. 2020) Table 4: three VGG-style stages of two 3x3 conv+BN+ReLU (32, 64, 128),
     each followed by max-pool; fc 382, 192 (382 as printed in the table)."""
 
     def __init__(self, *, num_classes: int, in_channels: int, image_size: int):

@@ -1,6 +1,6 @@
 """CIFAR ResNets (He et al. 2016, Sec. 4.2): a 3x3 stem of 16 channels, three stages of n
 BasicBlocks at widths 16/32/64, global average pooling, one linear layer; depth 6n+2.
-The layout and init follow akamaster/pytorch_resnet_cifar10, which ewwa-fl.txt footnote 3
+The layout and init follow akamaster/pytorch_resnet_cifar10, which EWWA-FL's paper (Hu et al. 2023) footnote 3
 names as its ResNet-20/32."""
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -32,7 +32,7 @@ class _BasicBlock(nn.Module):
             self.shortcut = nn.Identity()
         elif shortcut == "A":
             self.shortcut = _PadShortcut(cout - cin)
-        else:  # "B": 1x1 conv + BN projection (SPEC: FedAWA's ResNet20)
+        else:  # "B": 1x1 conv + BN projection (fedagg's design: FedAWA's ResNet20)
             self.shortcut = nn.Sequential(
                 nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)
             )
@@ -78,14 +78,14 @@ class _CifarResNet(Backbone):
 
 
 class ResNet20(_CifarResNet):
-    """ewwa-fl.txt Sec. IV and fedawa.txt Sec. 5.1 (CIFAR, with option B): 3 blocks per stage."""
+    """EWWA-FL's paper (Hu et al. 2023) Sec. IV and FedAWA's paper (Shi et al. 2025) Sec. 5.1 (CIFAR, with option B): 3 blocks per stage."""
 
     def __init__(self, **kwargs):
         super().__init__(blocks_per_stage=3, **kwargs)
 
 
 class ResNet32(_CifarResNet):
-    """ewwa-fl.txt Sec. IV: 5 blocks per stage."""
+    """EWWA-FL's paper (Hu et al. 2023) Sec. IV: 5 blocks per stage."""
 
     def __init__(self, **kwargs):
         super().__init__(blocks_per_stage=5, **kwargs)

@@ -1,5 +1,5 @@
-"""torchvision's ResNet18/34 with a fresh classifier (ewwa-fl.txt Sec. IV: "derivatives
-from PyTorch's official offerings", 224x224x3 input; fedawa.txt Sec. 5.1: ResNet18 on
+"""torchvision's ResNet18/34 with a fresh classifier (EWWA-FL's paper (Hu et al. 2023) Sec. IV: "derivatives
+from PyTorch's official offerings", 224x224x3 input; FedAWA's paper (Shi et al. 2025) Sec. 5.1: ResNet18 on
 Tiny-ImageNet). Never loads pretrained weights.
 
 stem="imagenet": the stock 7x7/2 conv + max-pool on 3 x input_size x input_size (224 by

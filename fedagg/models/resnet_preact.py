@@ -1,6 +1,6 @@
 """The pre-activation (v2) ResNet-18 with group norm that Reddi et al. 2021 trained on CIFAR:
 google-research/federated@0b7d004:utils/models/resnet_models.py (`create_resnet18`, facts C of
-../shared/papers/fedopt-fedprox-settings.md). `model.block=preact` of `resnet18_gn` builds it.
+the sources listed in conf/experiment/fedopt_table2.yaml). `model.block=preact` of `resnet18_gn` builds it.
 
 As that code builds it (read, not guessed; each point differs from torchvision's v1 ResNet-18):
 - stem: conv (no bias) -> norm -> ReLU -> max-pool; blocks: norm -> ReLU -> conv, twice, added to the

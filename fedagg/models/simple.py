@@ -7,7 +7,7 @@ from fedagg.models.base import Backbone, run_through
 
 
 class MLR(Backbone):
-    """Multinomial logistic regression (fedadp.txt Sec. V and footnote 3, its convex model): flatten -> linear.
+    """Multinomial logistic regression (FedAdp's paper (Wu & Wang 2021) Sec. V and footnote 3, its convex model): flatten -> linear.
     Its one layer is its last: the representation is the flattened input."""
 
     classifier_name = "fc"

@@ -1,6 +1,6 @@
 """TFF's EMNIST character model, the one Reddi et al. 2021 ("Adaptive Federated Optimization")
 trained on EMNIST CR: google-research/federated `utils/models/emnist_models.py`,
-`create_conv_dropout_model(only_digits=False)` (facts E of ../shared/papers/fedopt-fedprox-settings.md).
+`create_conv_dropout_model(only_digits=False)` (facts E of the sources listed in conf/experiment/fedopt_table2.yaml).
 It is not LEAF's FEMNIST CNN (`cnn_femnist`, 5x5 convs and fc 2048).
 
 conv3x3-32 (valid) -> ReLU -> conv3x3-64 (valid) -> ReLU -> max-pool 2 -> dropout 0.25 -> flatten

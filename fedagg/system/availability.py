@@ -1,9 +1,9 @@
-"""`system=availability` (SPEC "Heterogeneous clients"): client k is online each round with probability q_k.
+"""`system=availability`: client k is online each round with probability q_k.
 
 q_k ~ Beta(a, b) is drawn once per client from the stream (seed, "availability"); each
 round client k is online with probability q_k, from the stream (seed, "online", round),
 and sampling draws only among the clients online (all of them when fewer than
-`clients_per_round` are). Beta(2, 2) is a choice (SPEC names no values): availability 0.5
+`clients_per_round` are). Beta(2, 2) is a choice (no source names values): availability 0.5
 on average, most clients between 0.2 and 0.8.
 """
 

@@ -1,4 +1,4 @@
-"""The simulated clock (`clock` group; SPEC "Asynchronous aggregation and the simulated clock").
+"""The simulated clock (`clock` group).
 
 `clock=none` (the default) is the base `Clock`: `enabled` is False and a run has no simulated time (its files
 are those of a run before the clock existed). Any other option is a `TimedClock`, and a dispatch of client k
@@ -23,12 +23,12 @@ built, in one line, and so is an upload rate below `SLOWEST_RATE`. Z is clamped 
 The families are FLSim's per-user duration distributions (facebookresearch/FLSim@7311f2d
 `flsim/utils/timing/training_duration_distribution.py`): half-normal min + |N(0, σ)| (lines 97-116), uniform
 U(min, 2·mean − min) (lines 119-142), exponential with mean `mean` (rate 1/mean, lines 145-171). FLSim draws a
-duration per training event; here it is a per-step time drawn once per client, as SPEC says. FLSim has no
+duration per training event; here it is a per-step time drawn once per client, as fedagg's design says. FLSim has no
 lognormal; `lognormal` is median · e^{σ N(0, 1)}.
 
 A synchronous round on the clock (`fedagg.loop.round_loop`) ends when its last reporting client arrives, or at
 `deadline` seconds: clients arriving later are dropped before they train; `over_select` o samples ⌈(1 + o)K⌉
-clients instead of K (SPEC). The drivers of asynchronous rounds use `duration` directly.
+clients instead of K (fedagg's choice). The drivers of asynchronous rounds use `duration` directly.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class HalfNormal(TimedClock):
 
 
 class LogNormal(TimedClock):
-    """median · e^{σ N(0, 1)} seconds per step (not among FLSim's families; SPEC lists it)."""
+    """median · e^{σ N(0, 1)} seconds per step (not among FLSim's families; fedagg's design lists it)."""
 
     shape = ("median", "sigma")
 

@@ -1,4 +1,4 @@
-"""`system=dropout` (SPEC "Heterogeneous clients"): each sampled client fails to report with probability p.
+"""`system=dropout`: each sampled client fails to report with probability p.
 
 The draw comes from the stream (seed, "dropout", round), one per sampled client. A client
 that drops out does not train; the round aggregates the rest, and a round where nobody

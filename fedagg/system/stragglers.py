@@ -1,4 +1,4 @@
-"""`system=stragglers` (SPEC "Heterogeneous clients"; FedNova's experiments, FedProx's Sec. 5.2).
+"""`system=stragglers` (FedNova's experiments, FedProx's Sec. 5.2).
 
 Each round ⌊fraction · K⌋ of the K sampled clients, drawn from the stream
 (seed, "stragglers", round), lag. How much a straggler manages (`work`):

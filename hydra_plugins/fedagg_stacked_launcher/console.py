@@ -1,6 +1,6 @@
 """The stacked launcher's console and log files: a group's jobs run in one process, so one console shows the lines
 of all of them and each job's log file takes only its own (`serving`). The console numbers a job's lines, says the
-start-up lines the jobs share once, and a table maps each job's number to its settings."""
+start-up lines the jobs share once (fedagg.edge.start_up), and a table maps each job's number to its settings."""
 
 import contextlib
 import copy
@@ -13,10 +13,12 @@ from hydra.core.utils import filter_overrides
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from fedagg.edge.start_up import SaidOnce
+
 _serving: ContextVar[object] = ContextVar("serving", default=None)  # the job whose work the launcher does now
 
 
-def console_logging(job_logging: DictConfig, start_up: "StartUpOnce") -> None:
+def console_logging(job_logging: DictConfig, start_up: SaidOnce) -> None:
     """The jobs' logging without its file handlers (each job adds its own: `job_log_files`); on the console a line
     says which job it is of (`#3 round 2/5 ...`), and a job's start-up line that an earlier job said alike is left
     out (`start_up`); each job's own log file keeps all of its lines."""
@@ -31,33 +33,6 @@ def console_logging(job_logging: DictConfig, start_up: "StartUpOnce") -> None:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
             handler.addFilter(start_up)
             handler.setFormatter(JobNumbered(handler.formatter or logging.Formatter()))
-
-
-class StartUpOnce(logging.Filter):
-    """Lets through a line logged while a job is prepared (its data, model, threads: the same for every job of a
-    sweep that differs in seeds and methods) only the first time it is said: the sweep's start-up said once, not
-    once a job. The lines of the rounds and of each job's end all pass."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[tuple] = set()
-        self.active = False
-
-    @contextlib.contextmanager
-    def preparing(self):
-        self.active = True
-        try:
-            yield
-        finally:
-            self.active = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self.active:
-            return True
-        key = (record.name, record.levelno, record.getMessage())
-        new = key not in self.seen
-        self.seen.add(key)
-        return new
 
 
 class JobNumbered(logging.Formatter):

@@ -38,8 +38,9 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from fedagg.config.constraints import Range, checked
+from fedagg.edge.start_up import SaidOnce
 from fedagg.tracking.files import write_json
-from hydra_plugins.fedagg_stacked_launcher.console import StartUpOnce, console_logging, job_log_files, job_table, serving
+from hydra_plugins.fedagg_stacked_launcher.console import console_logging, job_log_files, job_table, serving
 
 log = logging.getLogger("fedagg")
 
@@ -198,7 +199,7 @@ class StackedLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         self.stopping = self.stopping_now = False
         self.told_auto = False  # the line that engine=auto jobs train with the parallel engine, said once a sweep
-        self.start_up = StartUpOnce()  # the jobs' start-up lines, said once a sweep (a comparison's waves included)
+        self.start_up = SaidOnce()  # the jobs' start-up lines, said once a sweep (a comparison's waves included)
         self.group = None  # the StopRequests of the group being run (fedagg.runtime.interrupts)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
