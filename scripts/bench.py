@@ -19,6 +19,7 @@ and prepared on the device): what the round would cost if the clients were one b
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import threading
@@ -315,7 +316,8 @@ def main(argv=None) -> None:
     p.add_argument("--compile", action="store_true", help="engine.compile=true (torch.compile)")
     p.add_argument("--channels-last", action="store_true", help="engine.channels_last=true")
     p.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke test")
-    p.add_argument("--data-root", type=Path, default=Path("../shared/data"), help="folder holding MNIST/raw")
+    p.add_argument("--data-root", type=Path, default=Path(os.environ.get("FEDAGG_DATA", "data")),
+                   help="folder holding MNIST/raw (default: $FEDAGG_DATA, else ./data, as fedagg's data.root)")
     p.add_argument("--cifar-samples", type=int, default=None,
                    help="size of the CIFAR-shaped training pool (default 50,000 on CUDA, 5,000 on the CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")

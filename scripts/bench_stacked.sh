@@ -4,12 +4,12 @@
 # quiet machine; every table and log goes to OUT_DIR.
 #   bash scripts/bench_stacked.sh cpu [OUT_DIR]   # the CPU figures (one thread; about 30-60 min on 2 cores)
 #   bash scripts/bench_stacked.sh gpu [OUT_DIR]   # 64 jobs of MNIST cnn_small cross-device (scripts/gpu_check.sh)
-# FEDAGG_DATA: the folder holding MNIST/raw (default ../shared/data); PYTHON: the interpreter (default python3).
+# FEDAGG_DATA: the folder holding MNIST/raw (default ./data, as fedagg's data.root); PYTHON: the interpreter (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?cpu or gpu}
 out=${2:-${OUT:-bench_stacked}}
-data=${FEDAGG_DATA:-../shared/data}
+data=${FEDAGG_DATA:-data}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 

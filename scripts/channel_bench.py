@@ -6,13 +6,14 @@ uploaded; DP-FedAvg at z ∈ {0.5, 1.0}, fixed and adaptive clipping: final accu
 δ = 1e-5. Writes OUT/table.md and OUT/acc_vs_bits.png; every run keeps its own folder
 (rerunning skips completed ones: resume=true).
 
-    OMP_NUM_THREADS=1 python -m scripts.channel_bench --out /tmp/channel_bench --data ../shared/data
+    OMP_NUM_THREADS=1 python -m scripts.channel_bench --out /tmp/channel_bench --data data
     (--rounds 5 --seeds 0 for a quick look)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import csv
 import json
 from pathlib import Path
@@ -34,7 +35,7 @@ SETTINGS = {
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--data", default="../shared/data")
+    ap.add_argument("--data", default=os.environ.get("FEDAGG_DATA", "data"))
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--only", nargs="*", help="settings to run (default: all)")

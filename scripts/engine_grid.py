@@ -143,7 +143,8 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads on the CPU (default 1)")
     p.add_argument("--quick", action="store_true", help="every workload made small, for a smoke test")
-    p.add_argument("--data-root", type=Path, default=Path("../shared/data"), help="folder holding MNIST/raw")
+    p.add_argument("--data-root", type=Path, default=Path(os.environ.get("FEDAGG_DATA", "data")),
+                   help="folder holding MNIST/raw (default: $FEDAGG_DATA, else ./data, as fedagg's data.root)")
     p.add_argument("--out", type=Path, default=None, help="folder for grid.md and grid.json "
                    "(default outputs/engine_grid/DATE_TIME)")
     args = p.parse_args(argv)

@@ -12,9 +12,9 @@ nvidia-smi > "$out/nvidia_smi.txt" 2>&1
 echo "cuda tests: $(tail -n 1 "$out/cuda_tests.txt")"
 for flags in "" "--precision bf16" "--channels-last" "--compile" "--tf32"; do
   name=bench${flags// /_}
-  "${PYTHON:-python3}" scripts/bench.py --device cuda --rounds 3 --data-root "${FEDAGG_DATA:-../shared/data}" $flags > "$out/${name//--/_}.txt" 2>&1
+  "${PYTHON:-python3}" scripts/bench.py --device cuda --rounds 3 --data-root "${FEDAGG_DATA:-data}" $flags > "$out/${name//--/_}.txt" 2>&1
   echo "bench ${flags:-(fp32)}: done"; tail -n 12 "$out/${name//--/_}.txt"
 done
 # a sweep trained together: 64 jobs of MNIST cnn_small cross-device, stacked vs one after another
-PYTHON="${PYTHON:-python3}" FEDAGG_DATA="${FEDAGG_DATA:-../shared/data}" bash scripts/bench_stacked.sh gpu "$out/stacked"
+PYTHON="${PYTHON:-python3}" FEDAGG_DATA="${FEDAGG_DATA:-data}" bash scripts/bench_stacked.sh gpu "$out/stacked"
 cat "$out/stacked/times.txt"

@@ -27,6 +27,7 @@ processes is given more of the CPU than one process is, so the CPU seconds compa
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -119,7 +120,8 @@ def main(argv=None) -> list[str]:
     p.add_argument("--per-round", type=int, default=100, help="clients sampled a round")
     p.add_argument("--samples", type=int, default=60, help="training samples per client")
     p.add_argument("--no-flower", action="store_true", help="skip Flower even when it is installed")
-    p.add_argument("--data-root", type=Path, default=Path("../shared/data"), help="folder holding MNIST/raw")
+    p.add_argument("--data-root", type=Path, default=Path(os.environ.get("FEDAGG_DATA", "data")),
+                   help="folder holding MNIST/raw (default: $FEDAGG_DATA, else ./data, as fedagg's data.root)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if not args.data_root.exists() and (bench.ROOT / args.data_root).exists():

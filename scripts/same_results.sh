@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # scripts/same_results.sh WORKTREE OUTDIR [DATA_ROOT]: 15 single fedagg runs and one 12-job stacked sweep from WORKTREE's code,
 # each into its own folder under OUTDIR. One process at a time, one torch thread, with the python on PATH (the
-# project's environment active). DATA_ROOT: where MNIST is (default: ../shared/data beside the checkout).
+# project's environment active). DATA_ROOT: where MNIST is (default: $FEDAGG_DATA, else ./data, as fedagg's data.root).
 set -u
 if [ $# -lt 2 ]; then echo "usage: $0 WORKTREE OUTDIR [DATA_ROOT]" >&2; exit 2; fi
-DATA=$(cd "${3:-$(dirname "$0")/../../shared/data}" && pwd) || exit 2
+DATA=$(cd "${3:-${FEDAGG_DATA:-data}}" && pwd) || exit 2
 WT=$(cd "$1" && pwd) || exit 2
 mkdir -p "$2" && OUT=$(cd "$2" && pwd) || exit 2
 if [ -n "$(ls -A "$OUT")" ]; then echo "$OUT is not empty: refusing" >&2; exit 2; fi

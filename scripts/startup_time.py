@@ -16,6 +16,7 @@ FEMNIST, once its dataset is there:  --clients 3597 -- dataset=femnist model=cnn
 from __future__ import annotations
 
 import argparse
+import os
 import csv
 import subprocess
 import sys
@@ -61,7 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[1000, 3597])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--data-root", default=os.environ.get("FEDAGG_DATA", "data"))  # as fedagg's data.root
     parser.add_argument("--default-run", action="store_true", help="time the README's default run instead")
     parser.add_argument("extra", nargs="*", help="further overrides, after --")
     args = parser.parse_args()
