@@ -53,6 +53,15 @@ def test_a_federated_run_starts_from_the_base(tmp_path):
     assert summary["status"] == "completed" and summary["final_test_acc"] == pytest.approx(base_acc, abs=1e-9)
 
 
+def test_the_adapters_start_up_line_names_the_base_file_the_model_loaded(tmp_path, caplog):
+    out = run([*SMALL, f"out={tmp_path / 'base.pt'}", "epochs=1", "lr=0.003"], say=lambda line: None)
+    with caplog.at_level("INFO", logger="fedagg"):
+        run_experiment([*SMALL, f"model.pretrained={out}", "adapter=lora", "aggregator=fedit", "rounds=1",
+                        "num_clients=2"], tmp_path / "run")
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("LoRA adapters"))
+    assert line.endswith(f"values, from {out})") and "seeded" not in line
+
+
 def test_refusals_come_before_any_training(tmp_path):
     (tmp_path / "kept.pt").write_bytes(b"the user's own")
     cases = {

@@ -75,3 +75,4 @@ def load_base(model: nn.Module, path: str | os.PathLike) -> None:
         for p in ("weight", "bias"):
             state[f"{head}.{p}"] = own[f"{head}.{p}"]
     model.load_state_dict(state)
+    model.pretrained_from = str(path)  # what the start-up lines name as the model's weights

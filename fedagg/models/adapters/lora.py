@@ -234,8 +234,10 @@ class LoRA(NoAdapter):
         shown = (f"ranks {min(ranks)}-{big} by client" if min(ranks) < big else f"rank {big}")
         counts = " and ".join(f"{n} {kind.__name__}" for kind in ADAPTED  # "3 Linear and 2 Conv2d"
                               if (n := sum(isinstance(m, kind) for _, m in targeted)))
+        # adapter.base_from, else the file the model itself loaded (model.pretrained), else its seeded weights
+        source = self.base_from or getattr(model, "pretrained_from", None)
         line = (f"LoRA adapters ({shown}, alpha {self.alpha:g}) on {counts} layers"
                 f"{', A frozen' if frozen_a else ''}: {starts[-1]} trainable of {total} parameters "
                 f"({100 * starts[-1] / total:.2f}%); base {type(model).__name__} frozen ({base.numel} values, "
-                f"{'from ' + self.base_from if self.base_from else 'its seeded initialisation'})")
+                f"{'from ' + source if source else 'its seeded initialisation'})")
         return Adapters(layout, base, line)
