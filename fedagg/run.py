@@ -47,6 +47,7 @@ from fedagg.runtime.folder import RunFolder, clear_run, held_run, held_sweep
 from fedagg.runtime.numerics import numerics
 from fedagg.loop.round_loop import RoundLoop, federation_loop
 from fedagg.config.names import DISPLAY_NAME
+from fedagg.config.schema import respelled
 from fedagg.data.device import resolve_device
 from fedagg.engines.auto import AUTO, CHOICE, PARALLEL, PICKED, REASON, recorded_engine, stacked_alike
 from fedagg.engines.choice import Picked
@@ -334,13 +335,14 @@ def _recorded_pick(summary: dict, device: str) -> Picked:
 def run_experiment(overrides: list[str], run_dir: str | Path) -> dict:
     """Compose `overrides` as `python -m fedagg.run OVERRIDES` does (searchpath and experiment files included),
     run that one job in `run_dir` and return its summary. A bad configuration raises `SetupError`."""
+    overrides = respelled(list(overrides))  # model.adapter=lora -> adapter=lora, as on the command line
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)  # `${hydra:runtime.choices...}` in experiment files resolves as on the CLI
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if k in RECORDED_CHOICES}
     with open_dict(cfg):
         del cfg["hydra"]
-    return train(cfg, run_dir, choices, list(overrides))
+    return train(cfg, run_dir, choices, overrides)
 
 
 def job_of(hydra_cfg) -> tuple[str, dict, list[str], int]:
@@ -412,6 +414,7 @@ if __name__ == "__main__":
     # the run nor the interpreter's exit walks it again (torch's objects made the exit of a run 0.4 s longer)
     gc.freeze()
     try:
+        sys.argv[1:] = respelled(sys.argv[1:])  # model.adapter=lora is adapter=lora (Hydra reads sys.argv itself)
         start(main, sys.argv[1:])
     except SystemExit as stop:
         exit_now(stop.code)

@@ -74,6 +74,14 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "fedagg.run", *args], cwd=ROOT, capture_output=True, text=True)
 
 
+def test_model_adapter_on_the_command_line_is_the_adapter_group(tmp_path):
+    done = run_cli("model.adapter=lora", "model.adapter.rank=2", "aggregator=fedit", "rounds=1", "device=cpu",
+                   f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    assert "LoRA adapters (rank 2, alpha 8) on 2 Linear layers" in done.stdout + done.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["config"]["adapter"]["rank"] == 2
+
+
 @pytest.mark.parametrize("args, line", [
     (["aggregator=FedAvg"], f"aggregator=FedAvg is not an option; did you mean aggregator=fedavg? (options: {OPTIONS})"),
     (["-m", "aggregator=median,trimmed_mean", "aggregator.bucket_size=2"], SWEEP_PLUS),

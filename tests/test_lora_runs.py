@@ -11,6 +11,7 @@ import math
 import shlex
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -115,13 +116,28 @@ def test_stacked_runs_with_bases_of_their_own_equal_each_run_alone():
         assert torch.equal(s.params, a.params) and torch.equal(s.train_loss, a.train_loss)
 
 
+def test_the_design_spelling_model_adapter_is_the_adapter_group(tmp_path):
+    from fedagg.config.schema import respelled
+
+    assert respelled(["model.adapter=lora", "+model.adapter.rank=2", "model/adapter=none", "++model.adapter.alpha=4",
+                      "model.dim=8", "~model.adapter", "adapter.rank=3"]) == [
+        "adapter=lora", "adapter.rank=2", "adapter=none", "adapter.alpha=4", "model.dim=8", "~model.adapter",
+        "adapter.rank=3"]
+    common = ["rounds=2", "device=cpu", "num_clients=4", "aggregator=fedit"]
+    spelled = run_experiment([*common, "model.adapter=lora", "model.adapter.rank=2"], tmp_path / "spelled")
+    group = run_experiment([*common, "adapter=lora", "adapter.rank=2"], tmp_path / "group")
+    assert spelled["config"]["adapter"]["rank"] == 2 and spelled["config"]["adapter"] == group["config"]["adapter"]
+    assert spelled["final_test_acc"] == group["final_test_acc"]  # the same run: same operations, same order
+    rows = [pd.read_csv(tmp_path / run / "metrics.csv").drop(columns="elapsed_s") for run in ("spelled", "group")]
+    pd.testing.assert_frame_equal(*rows, check_exact=True)
+    models = [torch.load(tmp_path / run / "model.pt") for run in ("spelled", "group")]
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[1])
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["aggregator=flora"], "aggregator=flora combines low-rank adapters, but adapter=none trains the whole model"),
     (["adapter=lora", "adapter.ranks=[2,4]"], "adapter.ranks=[2, 4] is not allowed with num_clients=10"),
     (["adapter=lora", "adapter.rank=0"], "adapter.rank=0 is not allowed"),
-    (["model=mlp", "+model.adapter=lora"],
-     "model.adapter is not a setting fedagg knows: adapter is a group of its own, beside model; write adapter=... "
-     "(e.g. adapter=lora)"),
     (["adapter=lora", "adapter.targets=[nothing]"], "adapter.targets=['nothing'] is not allowed with model MLP"),
     (["adapter=lora", "adapter.ranks=[2,2,2,2,2,2,2,2,2,2]", "adapter.rank_choices=[2]"],
      "adapter.ranks=[2, 2, 2, 2, 2, 2, 2, 2, 2, 2] and adapter.rank_choices=[2] are not allowed together"),

@@ -111,9 +111,21 @@ def _shown(value) -> str:
     return typed(value)
 
 
-# keys other tools spell inside a group's node that are a group of their own here: adapters are chosen beside
-# the model (`adapter=lora`, not `model.adapter=lora`), since the model may be left to the dataset (model: null)
+# keys spelled inside a group's node that are a group of their own here: adapters are chosen beside the model
+# (the config's `adapter`), since the model may be left to the dataset (model: null); `model.adapter=lora`, the
+# design's and other tools' spelling, is read as `adapter=lora` on the command line and in run_experiment
 OWN_GROUPS = {"model.adapter": "adapter"}
+
+
+def respelled(overrides: list[str]) -> list[str]:
+    """`overrides` with each key spelled inside another group's node written as its own group's
+    (`model.adapter=lora` -> `adapter=lora`, `+model.adapter.rank=8` -> `adapter.rank=8`); the rest as given."""
+    out = []
+    for line in overrides:
+        key, eq, value = line.partition("=")
+        moved = own_group(key) if eq and not key.startswith("~") else None
+        out.append(f"{moved[1]}={value}" if moved else line)
+    return out
 
 
 def own_group(key: str) -> tuple[str, str] | None:
